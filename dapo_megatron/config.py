@@ -1,0 +1,126 @@
+"""The job's configuration: typed dataclasses composed by Hydra from `configs/`, validated before
+anything is built.
+
+Each component owns its dataclass (`models/config.py`, `distributed/config.py`, ...); this module
+composes them into `JobConfig`, registers the schema with Hydra's ConfigStore (so unknown keys and
+wrong types are errors), and checks the rules that span components (`validate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.trainer.config import OptimConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+"""The Hydra config tree shipped with the repository."""
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 1234
+    output_dir: str = "outputs/${experiment_name}"
+    """Checkpoints, TensorBoard logs and the resolved config go here."""
+    experiment_name: str = "default"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the fix."""
+
+
+def register_configs() -> None:
+    """Register `JobConfig` as the schema `configs/config.yaml` extends (idempotent)."""
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Path | str = CONFIG_DIR) -> DictConfig:
+    """Compose `config.yaml` with Hydra overrides (`model=qwen2.5-7b parallel.tensor_model_parallel_size=4`)
+    outside of `@hydra.main`, as tools and tests do."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def to_job_config(cfg: DictConfig) -> JobConfig:
+    """Turn a composed DictConfig into typed dataclasses; each component's `__post_init__` checks its
+    own fields here. Field errors come back as `ConfigError` with OmegaConf's wrapping removed."""
+    _reject_unknown_keys(cfg, JobConfig, prefix="")
+    try:
+        job = OmegaConf.to_object(cfg)
+    except Exception as error:  # OmegaConf wraps __post_init__ errors in its own exception types
+        cause = error.__cause__ or error
+        raise ConfigError(str(cause).split("\n")[0]) from error
+    assert isinstance(job, JobConfig)
+    return job
+
+
+def validate(job: JobConfig, world_size: int) -> None:
+    """Rules that span components, checked before any process group or model exists.
+
+    Raises:
+        ConfigError: naming the offending field and how to fix it.
+    """
+    model, par = job.model, job.parallel
+    tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
+    divisible_by_tp = {
+        "model.num_attention_heads": model.num_attention_heads,
+        "model.num_query_groups": model.num_query_groups,
+        "model.ffn_hidden_size": model.ffn_hidden_size,
+    }
+    for name, value in divisible_by_tp.items():
+        if value % tp:
+            raise ConfigError(
+                f"{name}={value} is not divisible by parallel.tensor_model_parallel_size={tp}; "
+                f"choose a tensor-parallel size that divides {value} "
+                f"(for example {_largest_divisor_at_most(value, tp)}).")
+    if model.num_layers % pp:
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_model_parallel_size={pp}; "
+            f"choose a pipeline size that divides {model.num_layers} "
+            f"(for example {_largest_divisor_at_most(model.num_layers, pp)}).")
+    if world_size % (tp * pp):
+        raise ConfigError(
+            f"the world size {world_size} is not a multiple of tensor x pipeline parallel = {tp} x {pp} = {tp * pp}; "
+            f"launch a multiple of {tp * pp} processes or change parallel.tensor_model_parallel_size / "
+            "parallel.pipeline_model_parallel_size.")
+    if par.sequence_parallel and model.transformer_impl == "local":
+        raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
+                          "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")
+
+
+def load(overrides: Sequence[str] = (), world_size: int = 1) -> JobConfig:
+    """Compose, type-check and validate in one call."""
+    job = to_job_config(compose(overrides))
+    validate(job, world_size)
+    return job
+
+
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
+    # Hydra's `+key=value` adds keys even to a structured config, and OmegaConf.to_object then drops
+    # them silently: a typo would be ignored instead of reported.
+    known = {f.name: f.type for f in dataclasses.fields(schema)}
+    for key in node:
+        if key not in known:
+            raise ConfigError(f"unknown config key {prefix}{key}; valid keys here: {', '.join(sorted(known))}.")
+        child = node[key]
+        child_schema = OmegaConf.get_type(node, str(key)) if isinstance(child, DictConfig) else None
+        if child_schema is not None and dataclasses.is_dataclass(child_schema):
+            _reject_unknown_keys(child, child_schema, prefix=f"{prefix}{key}.")
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    return max(d for d in range(1, min(value, limit) + 1) if value % d == 0)

@@ -1,0 +1,110 @@
+"""Build a Qwen2-family policy as a megatron-core `GPTModel`.
+
+Qwen2 = RMSNorm, SwiGLU MLP, grouped-query attention with QKV bias, RoPE, optionally tied
+embeddings. The layer implementation is chosen here and only here: Transformer Engine layers on
+GPUs (where FP8 plugs in), megatron-core's local torch layers otherwise (CPU tests, laptops).
+Both save under the same `dist_checkpointing` keys, so checkpoints move freely between them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+import torch
+
+from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+    from dapo_megatron.distributed.layout import ParallelLayout
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_transformer_impl(model: ModelConfig) -> str:
+    """`local` or `transformer_engine`, with a clear error when TE is requested but cannot run."""
+    te_installed = importlib.util.find_spec("transformer_engine") is not None
+    if model.transformer_impl == "auto":
+        return "transformer_engine" if te_installed and torch.cuda.is_available() else "local"
+    if model.transformer_impl == "transformer_engine":
+        if not torch.cuda.is_available():
+            raise RuntimeError("model.transformer_impl=transformer_engine needs a CUDA GPU; this machine has none. "
+                               "Use model.transformer_impl=local (or auto) on CPU.")
+        if not te_installed:
+            raise RuntimeError("model.transformer_impl=transformer_engine but Transformer Engine is not installed. "
+                               "Run inside NVIDIA's PyTorch container (see README, 'Clusters'), or set "
+                               "model.transformer_impl=local.")
+    return model.transformer_impl
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig) -> TransformerConfig:
+    """megatron-core's TransformerConfig for a Qwen2 model under the given parallel layout."""
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = _DTYPES[model.params_dtype]
+    on_gpu_with_te = resolve_transformer_impl(model) == "transformer_engine"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=model.add_qkv_bias,
+        # Qwen2 trains without dropout, and RL log-probs must be deterministic functions of the weights.
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        sequence_parallel=parallel.sequence_parallel,
+        # RL micro-batches have different lengths; pipeline stages must exchange shapes.
+        variable_seq_lengths=parallel.pipeline_model_parallel_size > 1,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        # The fused kernels come from Transformer Engine / apex / CUDA; off on the local path.
+        gradient_accumulation_fusion=on_gpu_with_te,
+        bias_activation_fusion=on_gpu_with_te,
+        bias_dropout_fusion=on_gpu_with_te,
+        masked_softmax_fusion=on_gpu_with_te,
+        apply_rope_fusion=on_gpu_with_te,
+        persist_layer_norm=on_gpu_with_te,
+    )
+
+
+def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, layout: ParallelLayout) -> GPTModel:
+    """This rank's part of the policy: its TP shard of the layers of its pipeline stage."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if resolve_transformer_impl(model) == "transformer_engine":
+        layer_spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    gpt = GPTModel(
+        config=transformer_config(model, parallel),
+        transformer_layer_spec=layer_spec,
+        vocab_size=model.padded_vocab_size(layout.tp_size),
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=layout.is_first_stage,
+        post_process=layout.is_last_stage,
+        share_embeddings_and_output_weights=model.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(model.rotary_base),
+    )
+    return gpt.to(layout.device)
