@@ -7,6 +7,7 @@ megatron installed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +70,14 @@ class ModelConfig:
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel_size: int) -> int:
-        """Rows of Megatron's embedding and output layer: the vocab rounded up so every TP rank gets an
-        equal slice that is a multiple of `make_vocab_size_divisible_by` (Megatron-LM's convention)."""
-        multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
+        """Rows of Megatron's embedding and output layer: the vocab rounded up to a multiple of
+        lcm(`make_vocab_size_divisible_by`, TP), so every TP rank gets an equal slice.
+
+        Unlike Megatron-LM's multiple of 128 x TP, this does not change with the TP size for the usual
+        power-of-two layouts (lcm(128, 8) = 128), so one checkpoint loads under any of them; and Qwen's
+        vocab sizes (151936, 152064) are already multiples of 128, so nothing is padded at all.
+        """
+        multiple = math.lcm(self.make_vocab_size_divisible_by, tensor_parallel_size)
         return -(-self.vocab_size // multiple) * multiple
 
     def num_parameters(self) -> int:

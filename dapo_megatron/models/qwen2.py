@@ -73,6 +73,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig) -> Transfor
         sequence_parallel=parallel.sequence_parallel,
         # RL micro-batches have different lengths; pipeline stages must exchange shapes.
         variable_seq_lengths=parallel.pipeline_model_parallel_size > 1,
+        # megatron-core rejects variable lengths with the default MoE dispatcher even for dense models.
+        moe_token_dispatcher_type="alltoall",
         use_cpu_initialization=not torch.cuda.is_available(),
         # The fused kernels come from Transformer Engine / apex / CUDA; off on the local path.
         gradient_accumulation_fusion=on_gpu_with_te,

@@ -1,0 +1,102 @@
+"""Move whole (unsharded) Megatron tensors in and out of this rank's TP x PP shard of the model.
+
+Names on the outside are canonical: megatron-core local-spec names with the global layer index
+(`decoder.layers.17.mlp.linear_fc1.weight`), the vocabulary padded for the current TP size. The
+per-parameter layout rules (which dim is split, the fc1 gate/up interleave) live in `hf_mapping`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from dapo_megatron.models import hf_mapping
+from dapo_megatron.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from dapo_megatron.distributed.layout import ParallelLayout
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    # DDP and Float16Module keep the GPTModel under `.module`; names must not carry the prefixes.
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _layer_offset(cfg: ModelConfig, layout: ParallelLayout) -> int:
+    return hf_mapping.layer_range(cfg, layout.pp_size, layout.pp_rank).start
+
+
+def _local_params(model: torch.nn.Module, cfg: ModelConfig,
+                  layout: ParallelLayout) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """(canonical global name, parameter) for every parameter this rank owns.
+
+    With tied embeddings under pipeline parallelism the last stage holds a copy of the embedding as
+    `output_layer.weight`; megatron-core keeps the two in sync, so only the first stage's is reported.
+    """
+    offset = _layer_offset(cfg, layout)
+    for name, param in _unwrap(model).named_parameters():
+        if cfg.tie_word_embeddings and name == "output_layer.weight":
+            continue
+        yield hf_mapping.local_to_global_name(name, offset), param
+
+
+@torch.no_grad()
+def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tensor], cfg: ModelConfig,
+                    layout: ParallelLayout) -> None:
+    """Copy this rank's shard of each full tensor into the model. Every local parameter must be covered."""
+    loaded = set()
+    for name, param in _local_params(model, cfg, layout):
+        if name not in full_state:
+            raise KeyError(f"full state has no tensor for {name}")
+        shard = hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank)
+        if shard.shape != param.shape:
+            raise ValueError(f"{name}: shard shape {tuple(shard.shape)} does not match the model's "
+                             f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})")
+        param.copy_(shard)
+        loaded.add(name)
+    unwrapped = _unwrap(model)
+    if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
+        # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
+        name = "embedding.word_embeddings.weight"
+        unwrapped.output_layer.weight.copy_(
+            hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank))
+
+
+def iter_full_tensors(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout,
+                      tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (canonical name, full tensor) for the parameters of this pipeline stage.
+
+    Collective over the TP group: every TP rank must iterate in the same order. One parameter is
+    gathered at a time, so at most one full tensor is alive beyond the model itself. `tensor_of`
+    picks what to gather (`lambda p: p.main_grad` gathers gradients).
+    """
+    for name, param in _local_params(model, cfg, layout):
+        local = tensor_of(param).detach()
+        if layout.tp_size == 1 or hf_mapping.tensor_parallel_dim(name) is None:
+            yield name, local
+            continue
+        shards = [torch.empty_like(local) for _ in range(layout.tp_size)]
+        torch.distributed.all_gather(shards, local.contiguous(), group=layout.tp_group)
+        yield name, hf_mapping.gather_tensor_parallel(name, shards)
+
+
+def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout,
+                      tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
+                      ) -> dict[str, torch.Tensor] | None:
+    """The whole model's full tensors on global rank 0 (None elsewhere). For tools and tests:
+    it holds everything in memory at once, which weight sync must not do."""
+    stage = {name: tensor.cpu().clone() for name, tensor in iter_full_tensors(model, cfg, layout, tensor_of)}
+    if layout.pp_size == 1:
+        return stage if layout.rank == 0 else None
+    # Only one replica per stage contributes (tp rank 0 of dp rank 0); the others send nothing.
+    contribution = stage if layout.tp_rank == 0 and layout.dp_rank == 0 else {}
+    gathered: list[dict[str, torch.Tensor]] | None = [{} for _ in range(layout.world_size)] if layout.rank == 0 else None
+    torch.distributed.gather_object(contribution, gathered, dst=0)
+    if gathered is None:
+        return None
+    return {name: tensor for part in gathered for name, tensor in part.items()}
