@@ -83,10 +83,10 @@ def validate(job: JobConfig, world_size: int) -> None:
     }
     for name, value in divisible_by_tp.items():
         if value % tp:
+            fitting = [d for d in range(1, tp + 1) if all(v % d == 0 for v in divisible_by_tp.values())]
             raise ConfigError(
                 f"{name}={value} is not divisible by parallel.tensor_model_parallel_size={tp}; "
-                f"choose a tensor-parallel size that divides {value} "
-                f"(for example {_largest_divisor_at_most(value, tp)}).")
+                f"the largest tensor-parallel size up to {tp} that fits this model is {fitting[-1]}.")
     if model.num_layers % pp:
         raise ConfigError(
             f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_model_parallel_size={pp}; "
