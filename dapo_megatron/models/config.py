@@ -104,7 +104,8 @@ class ModelConfig:
             kv_channels=hf.get("head_dim"),
             vocab_size=hf["vocab_size"],
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            rotary_base=float(hf.get("rope_theta", 10000.0)),
+            # transformers 5 writes rope_parameters.rope_theta; older configs a top-level rope_theta.
+            rotary_base=float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )

@@ -33,8 +33,11 @@ def main() -> None:
     parser.add_argument("--global-micro-batches", type=int, default=4)
     args = parser.parse_args()
 
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from dapo_megatron.distributed.config import ParallelConfig
