@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.trainer.config import OptimConfig
+from dapo_megatron.trainer.config import OptimConfig, WarmupConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The Hydra config tree shipped with the repository."""
@@ -29,6 +29,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     seed: int = 1234
     output_dir: str = "outputs/${experiment_name}"
     """Checkpoints, TensorBoard logs and the resolved config go here."""

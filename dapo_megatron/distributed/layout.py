@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -20,6 +21,12 @@ from dapo_megatron.distributed.launch import ProcessEnv, process_env
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+
+# megatron-core repeats these on every rank at import time. Without Transformer Engine and apex (CPU,
+# laptops) the torch fallbacks are what we want, and the CUDA-graph note concerns a default we don't use.
+for _message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                 "full scope is deprecated"):
+    warnings.filterwarnings("ignore", message=_message, category=UserWarning)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class ParallelLayout:
     tp_rank: int
     pp_rank: int
     dp_rank: int
+    pp_last_rank: int
+    """Global rank of the last stage of this rank's pipeline (where logits and losses live)."""
     device: torch.device
     backend: str
 
@@ -85,7 +94,7 @@ class ParallelLayout:
             tp_size=ps.get_tensor_model_parallel_world_size(), pp_size=ps.get_pipeline_model_parallel_world_size(),
             dp_size=ps.get_data_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel_rank(),
             pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
-            device=device, backend=backend)
+            pp_last_rank=ps.get_pipeline_model_parallel_last_rank(), device=device, backend=backend)
 
 
 def initialize(parallel: ParallelConfig, seed: int) -> ParallelLayout:
@@ -96,6 +105,9 @@ def initialize(parallel: ParallelConfig, seed: int) -> ParallelLayout:
     from megatron.core import parallel_state, tensor_parallel
 
     env = process_env()
+    # Megatron's TP communication overlap relies on one hardware queue ordering kernels; set it before
+    # CUDA initialises (srun/torchrun users need not remember it).
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     use_cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if use_cuda else "gloo")
     if use_cuda:

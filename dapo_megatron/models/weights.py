@@ -7,7 +7,9 @@ per-parameter layout rules (which dim is split, the fc1 gate/up interleave) live
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -100,3 +102,21 @@ def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
     if gathered is None:
         return None
     return {name: tensor for part in gathered for name, tensor in part.items()}
+
+
+def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str,
+              *, tokenizer_dir: Path | str | None = None) -> Path | None:
+    """Collective: write the model as a Hugging Face directory from rank 0 (weights in the model's dtype,
+    config.json from `cfg`, tokenizer files copied from `tokenizer_dir`)."""
+    from dapo_megatron.models import hf_io
+
+    full = gather_full_state(model, cfg, layout)
+    if full is None:
+        return None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_io.save_hf_state(hf_mapping.megatron_state_to_hf(full, cfg), out_dir)
+    if tokenizer_dir is not None:
+        hf_io.copy_hf_assets(tokenizer_dir, out_dir)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config(), indent=2))
+    return out_dir

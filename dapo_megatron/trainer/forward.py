@@ -1,0 +1,94 @@
+"""Run the policy over micro-batches through megatron-core's pipeline schedule.
+
+Every forward pass of the trainer goes through `get_forward_backward_func()`, so the same code runs
+under any TP x PP layout: the schedule owns micro-batching and pipeline communication, and callers
+supply what happens to the last stage's output (`loss_fn`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dapo_megatron.distributed.layout import ParallelLayout
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded token rows. tokens, labels, loss_mask: [batch, seq]."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return torch.arange(self.tokens.shape[1], device=self.tokens.device).expand_as(self.tokens)
+
+
+LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
+"""(micro-batch, last-stage output) -> (scalar loss to backpropagate, values to report)."""
+
+
+def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
+                 forward_only: bool, with_labels: bool) -> list[dict[str, Any]]:
+    """Forward (and backward unless `forward_only`) over `micro_batches` on this rank's model chunk.
+
+    With `with_labels` the last stage outputs per-token cross-entropy [batch, seq] (computed by
+    megatron-core over the vocab-parallel logits); otherwise vocab-parallel logits [batch, seq, V/tp].
+    Returns the report dicts of `loss_fn`, one per micro-batch, on the last pipeline stage only.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, chunk):  # type: ignore[no-untyped-def]
+        mb = next(data_iterator)
+        output = chunk(mb.tokens, mb.position_ids, None, labels=mb.labels if with_labels else None)
+        return output, lambda out: loss_fn(mb, out)
+
+    seq_length = max(mb.tokens.shape[1] for mb in micro_batches)
+    return get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
+        num_microbatches=len(micro_batches), seq_length=seq_length,
+        micro_batch_size=micro_batches[0].tokens.shape[0], forward_only=forward_only)
+
+
+@torch.no_grad()
+def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: ParallelLayout, *,
+                    max_new_tokens: int, eos_token_id: int, pad_token_id: int, vocab_size: int) -> list[list[int]]:
+    """Greedy continuation of each prompt, computed with the trainer's own model (no KV cache).
+
+    Meant for small evaluations (the warm-up's accuracy check); rollouts come from SGLang. Every rank
+    returns the same tokens: the last stage picks them and broadcasts along the pipeline.
+    `vocab_size` excludes padded vocabulary columns from the argmax.
+    """
+    batch = len(prompts)
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = torch.full((batch, int(lengths.max()) + max_new_tokens), pad_token_id, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        tokens[row, :len(prompt)] = torch.tensor(prompt)
+    finished = torch.zeros(batch, dtype=torch.bool)
+    rows = torch.arange(batch)
+
+    def pick_next(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        last = logits[rows, lengths - 1]  # [batch, V/tp]: only each row's newest position matters
+        shards = [torch.empty_like(last) for _ in range(layout.tp_size)]
+        torch.distributed.all_gather(shards, last.contiguous(), group=layout.tp_group)
+        full = torch.cat(shards, dim=-1)[:, :vocab_size]
+        return last.sum(), {"next": full.argmax(dim=-1)}
+
+    for _ in range(max_new_tokens):
+        window = MicroBatch(tokens=tokens[:, :int(lengths.max())])
+        reports = run_schedule(model, [window], pick_next, forward_only=True, with_labels=False)
+        next_tokens = reports[0]["next"] if layout.is_last_stage else torch.empty(batch, dtype=torch.long)
+        if layout.pp_size > 1:
+            torch.distributed.broadcast(next_tokens, src=layout.pp_last_rank, group=layout.pp_group)
+        next_tokens = torch.where(finished, pad_token_id, next_tokens)
+        tokens[rows, lengths] = next_tokens
+        lengths = lengths + (~finished).long()
+        finished |= next_tokens == eos_token_id
+        if finished.all():
+            break
+    return [tokens[row, len(prompt):int(lengths[row])].tolist() for row, prompt in enumerate(prompts)]

@@ -1,0 +1,59 @@
+"""megatron-core's optimizer (AdamW, optional ZeRO-1 distributed optimizer) and learning-rate schedule."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.trainer.config import OptimConfig
+
+if TYPE_CHECKING:
+    import torch
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig, parallel: ParallelConfig,
+                    model_cfg: ModelConfig) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
+    """AdamW over a megatron DDP-wrapped model chunk, and a linear-warm-up-then-constant schedule.
+
+    Call `scheduler.step(1)` before each `optimizer.step()`: optimizer step k (1-based) then runs at
+    lr * min(1, k / lr_warmup_steps), so even the first step learns (verl's schedule gives it lr 0).
+    """
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    config = OptimizerConfig(
+        optimizer=optim.optimizer, lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad, bf16=model_cfg.params_dtype == "bfloat16",
+        fp16=model_cfg.params_dtype == "float16", use_distributed_optimizer=parallel.use_distributed_optimizer)
+    optimizer = get_megatron_optimizer(config, [model])
+    warmup = optim.lr_warmup_steps
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if warmup else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=warmup + 1, lr_decay_style="constant",
+        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=1, wd_incr_style="constant")
+    return optimizer, scheduler
+
+
+def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch.nn.Module:
+    """megatron DDP: gradients accumulate in fp32 buffers, are reduced over data parallel (averaged)
+    and, with pipeline parallelism, tied embeddings are reduced between the first and last stage."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    ddp = DistributedDataParallel(
+        model.config,
+        DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+            overlap_param_gather=parallel.overlap_param_gather,
+            use_distributed_optimizer=parallel.use_distributed_optimizer),
+        model)
+    model.config.finalize_model_grads_func = finalize_model_grads
+    model.config.no_sync_func = ddp.no_sync
+    return ddp
