@@ -75,6 +75,10 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig) -> Transfor
         variable_seq_lengths=parallel.pipeline_model_parallel_size > 1,
         # megatron-core rejects variable lengths with the default MoE dispatcher even for dense models.
         moe_token_dispatcher_type="alltoall",
+        # Losses are returned as (sum, count) per micro-batch; megatron-core all-reduces the counts over
+        # data parallel and divides the gradients once, so every loss is an exact mean over the whole
+        # optimizer batch whatever the DP size and micro-batch split (see trainer/forward.py).
+        calculate_per_token_loss=True,
         use_cpu_initialization=not torch.cuda.is_available(),
         # The fused kernels come from Transformer Engine / apex / CUDA; off on the local path.
         gradient_accumulation_fusion=on_gpu_with_te,

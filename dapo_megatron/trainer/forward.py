@@ -29,8 +29,16 @@ class MicroBatch:
         return torch.arange(self.tokens.shape[1], device=self.tokens.device).expand_as(self.tokens)
 
 
-LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
-"""(micro-batch, last-stage output) -> (scalar loss to backpropagate, values to report)."""
+LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]
+"""(micro-batch, last-stage output) -> (loss SUM over the micro-batch's units, number of units as an
+int tensor, values to report).
+
+The models run with megatron-core's `calculate_per_token_loss`: the schedule adds up the unit counts of
+all micro-batches, `finalize_model_grads` all-reduces that total over data parallel and divides every
+gradient by it, and DDP does not average over ranks. The gradient is therefore that of
+sum(all unit losses of the optimizer batch) / (all units), exactly, for any DP size and micro-batch
+split. A unit is a token for token-mean losses and a sequence for sequence-mean losses.
+"""
 
 
 def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
@@ -72,12 +80,12 @@ def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], la
     finished = torch.zeros(batch, dtype=torch.bool)
     rows = torch.arange(batch)
 
-    def pick_next(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def pick_next(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         last = logits[rows, lengths - 1]  # [batch, V/tp]: only each row's newest position matters
         shards = [torch.empty_like(last) for _ in range(layout.tp_size)]
         torch.distributed.all_gather(shards, last.contiguous(), group=layout.tp_group)
         full = torch.cat(shards, dim=-1)[:, :vocab_size]
-        return last.sum(), {"next": full.argmax(dim=-1)}
+        return last.sum(), torch.ones((), dtype=torch.int), {"next": full.argmax(dim=-1)}
 
     for _ in range(max_new_tokens):
         window = MicroBatch(tokens=tokens[:, :int(lengths.max())])

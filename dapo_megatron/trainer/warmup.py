@@ -50,9 +50,11 @@ def supervised_batch(problems: list[arithmetic.Problem]) -> MicroBatch:
     return MicroBatch(tokens=tokens, labels=labels, loss_mask=loss_mask)
 
 
-def masked_token_mean(mb: MicroBatch, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-    loss = (per_token_loss.float() * mb.loss_mask).sum() / mb.loss_mask.sum()
-    return loss, {"loss": loss.detach().clone()}  # clone: the schedule rescales the returned loss in place
+def token_sum(mb: MicroBatch, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Cross-entropy summed over answer tokens, with the token count (see `forward.LossFn`)."""
+    total = (per_token_loss.float() * mb.loss_mask).sum()
+    count = mb.loss_mask.sum().to(torch.int)
+    return total, count, {"loss_sum": total.detach().clone(), "tokens": count.clone()}
 
 
 def greedy_accuracy(model: torch.nn.Module, problems: list[arithmetic.Problem], layout: ParallelLayout,
@@ -83,10 +85,10 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
         micro = [supervised_batch(batch[i:i + cfg.micro_batch_size]) for i in range(0, per_rank, cfg.micro_batch_size)]
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        reports = run_schedule(model, micro, masked_token_mean, forward_only=False, with_labels=True)
+        reports = run_schedule(model, micro, token_sum, forward_only=False, with_labels=True)
         scheduler.step(1)
         _, grad_norm, _ = optimizer.step()
-        loss = _replica_mean([r["loss"].item() for r in reports], layout)
+        loss = _global_token_mean(reports)
         fields = {"loss": loss, "grad_norm": float(grad_norm or 0.0), "s/step": time.perf_counter() - started}
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             accuracy = greedy_accuracy(model, eval_set, layout, vocab_size=len(char_tokenizer.VOCAB),
@@ -100,11 +102,15 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     return accuracy
 
 
-def _replica_mean(values: list[float], layout: ParallelLayout) -> float:
-    """Mean of per-micro-batch losses over every data-parallel replica (they live on last stages)."""
-    local = torch.tensor([sum(values), len(values)], dtype=torch.float64)
-    torch.distributed.all_reduce(local)
-    return float(local[0] / local[1])
+def _global_token_mean(reports: list[dict[str, Any]]) -> float:
+    """The batch's loss as trained: every answer token of every data-parallel replica weighs the same.
+    Collective; reports exist on last pipeline stages only, other ranks contribute zeros."""
+    totals = torch.zeros(2, dtype=torch.float64)
+    for report in reports:
+        totals += torch.stack([report["loss_sum"].double(), report["tokens"].double()])
+    torch.distributed.all_reduce(totals)
+    # Each replica's loss appears once per TP rank of its last stage; the ratio is unaffected.
+    return float(totals[0] / totals[1])
 
 
 def main(argv: list[str] | None = None) -> int:

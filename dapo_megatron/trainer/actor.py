@@ -1,0 +1,164 @@
+"""The policy update: DAPO's loss over micro-batches through megatron-core's schedule, then one
+optimizer step.
+
+The loss of an optimizer step is (1/N) x the sum of per-token losses over every valid response token of
+the whole batch, N counted across all data-parallel ranks and micro-batches (token-mean; the
+sequence-mean ablations count sequences instead). Each micro-batch returns its loss *sum* and its unit
+count; megatron-core's `calculate_per_token_loss` machinery all-reduces the counts and divides the
+gradients once (see `trainer/forward.py`). No micro-batch ever divides by its own count, which is what
+makes the result independent of the DP size and the micro-batch split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dapo_megatron.algo.config import AlgoConfig
+from dapo_megatron.algo.logprobs import vocab_parallel_logprobs
+from dapo_megatron.algo.loss import compute_actor_loss
+from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.trainer.forward import LossFn, MicroBatch, run_schedule
+
+
+@dataclass
+class PolicyMicroBatch(MicroBatch):
+    """A micro-batch of sampled sequences. Per-token tensors are [batch, seq] and aligned with `labels`
+    (position t scores the token at t + 1); `loss_mask` marks response tokens."""
+
+    advantages: torch.Tensor | None = None  # [batch]
+    old_log_prob: torch.Tensor | None = None  # [batch, seq]; None = on-policy (ratio exactly 1)
+    rollout_log_prob: torch.Tensor | None = None  # [batch, seq]; the engine's, for TIS and mismatch metrics
+
+
+@dataclass
+class PolicyRows:
+    """One optimizer batch of sequences on this data-parallel rank.
+
+    tokens: [n, L] prompt + response, right-padded. response_mask, old_log_prob, rollout_log_prob:
+    [n, L - 1], aligned with the labels tokens[:, 1:]. advantages: [n].
+    """
+
+    tokens: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_log_prob: torch.Tensor | None = None
+    rollout_log_prob: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def micro_batches(self, size: int) -> list[PolicyMicroBatch]:
+        """Consecutive slices of `size` rows, each cut to its own longest row (no compute on padding
+        beyond it)."""
+        return list(self._iter_micro_batches(size))
+
+    def _iter_micro_batches(self, size: int) -> Iterator[PolicyMicroBatch]:
+        lengths = self.response_mask.shape[1] - self.response_mask.flip(-1).argmax(-1)  # last valid + 1
+        lengths = torch.where(self.response_mask.any(-1), lengths, 1)
+        for start in range(0, len(self), size):
+            rows = slice(start, start + size)
+            width = int(lengths[rows].max())
+
+            def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t[rows, :width]
+
+            yield PolicyMicroBatch(
+                tokens=self.tokens[rows, :width], labels=self.tokens[rows, 1:width + 1],
+                loss_mask=cut(self.response_mask), advantages=self.advantages[rows],
+                old_log_prob=cut(self.old_log_prob), rollout_log_prob=cut(self.rollout_log_prob))
+
+
+def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """What the loss is a mean over: valid tokens (token-mean) or non-empty sequences. int 0-dim."""
+    if loss_agg_mode == "token-mean":
+        return mask.sum().to(torch.int)
+    return (mask.sum(-1) > 0).sum().to(torch.int)
+
+
+def dapo_loss_fn(algo: AlgoConfig, layout: ParallelLayout, *, vocab_size: int, temperature: float) -> LossFn:
+    """The per-micro-batch DAPO loss over vocab-parallel logits [batch, seq, V/tp]."""
+    group = layout.tp_group if layout.tp_size > 1 else None
+
+    def loss_fn(mb: PolicyMicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        log_prob, entropy = vocab_parallel_logprobs(
+            logits, mb.labels, temperature=temperature, vocab_size=vocab_size, process_group=group,
+            chunk_size=algo.logprob_chunk_size, compute_entropy=True)
+        old_log_prob = log_prob.detach() if mb.old_log_prob is None else mb.old_log_prob
+        # Normalisers of 1 turn every aggregation into a sum; megatron-core divides by the global count.
+        loss_sum, metrics = compute_actor_loss(
+            log_prob, old_log_prob, mb.advantages, mb.loss_mask, algo, entropy=entropy,
+            rollout_log_prob=mb.rollout_log_prob, num_tokens=1, num_sequences=1)
+        units = loss_units(mb.loss_mask, algo.loss_agg_mode)
+        report = {name: value.detach().float() for name, value in metrics.items()}
+        report["loss_sum"] = loss_sum.detach().float()
+        report["units"] = units.detach().clone()
+        return loss_sum, units, report
+
+    return loss_fn
+
+
+def reduce_reports(reports: list[dict[str, Any]], layout: ParallelLayout) -> dict[str, float]:
+    """Batch-level metrics on every rank. Collective over the world.
+
+    Sums (`pg_loss`, `entropy`, `kl_loss`, `loss_sum`) become means over all units of the batch; local
+    means (clip fractions, KL estimates) are weighted by their micro-batch's units. Only the loss rank of
+    each replica (last stage, TP rank 0) contributes, so nothing is counted twice.
+    """
+    summed = {"pg_loss", "entropy", "kl_loss", "loss_sum"}
+    names = sorted({name for report in reports for name in report if name != "units"})
+    names = _same_on_all_ranks(names)
+    totals = torch.zeros(len(names) + 1, dtype=torch.float64)
+    if layout.is_loss_rank:
+        for report in reports:
+            units = float(report["units"])
+            for i, name in enumerate(names):
+                if name in report:
+                    totals[i] += float(report[name]) * (1.0 if name in summed else units)
+            totals[-1] += units
+    torch.distributed.all_reduce(totals)
+    count = max(float(totals[-1]), 1.0)
+    result = {name: float(totals[i]) / count for i, name in enumerate(names)}
+    result["loss"] = result.pop("loss_sum", 0.0)
+    result["units"] = float(totals[-1])
+    return result
+
+
+def _same_on_all_ranks(names: list[str]) -> list[str]:
+    """Metric names exist on last stages only; agree on one list so the all-reduce lines up."""
+    gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, names)
+    return sorted({name for part in gathered if part for name in part})
+
+
+class Actor:
+    """Owns the trainable policy chunk, its optimizer and LR schedule."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, algo: AlgoConfig,
+                 layout: ParallelLayout, *, vocab_size: int, temperature: float = 1.0) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.algo, self.layout = algo, layout
+        self.loss_fn = dapo_loss_fn(algo, layout, vocab_size=vocab_size, temperature=temperature)
+
+    def backward(self, rows: PolicyRows, micro_batch_size: int) -> list[dict[str, Any]]:
+        """Zero the gradient buffers, then accumulate the gradient of the batch loss (finalized: reduced
+        over data parallel and divided by the global unit count). Returns the raw micro-batch reports."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        return run_schedule(self.model, rows.micro_batches(micro_batch_size), self.loss_fn,
+                            forward_only=False, with_labels=False)
+
+    def train_step(self, rows: PolicyRows, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step on `rows` (this rank's share of the batch)."""
+        reports = self.backward(rows, micro_batch_size)
+        self.scheduler.step(1)
+        update_ok, grad_norm, _ = self.optimizer.step()
+        if not update_ok:
+            raise FloatingPointError("the optimizer skipped the step: non-finite gradients (see the loss metrics)")
+        metrics = reduce_reports(reports, self.layout)
+        metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        return metrics
