@@ -11,7 +11,6 @@ makes the result independent of the DP size and the micro-batch split.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,22 +53,20 @@ class PolicyRows:
     def micro_batches(self, size: int) -> list[PolicyMicroBatch]:
         """Consecutive slices of `size` rows, each cut to its own longest row (no compute on padding
         beyond it)."""
-        return list(self._iter_micro_batches(size))
+        # Width of each row in label positions: one past its last response token.
+        widths = self.response_mask.shape[1] - self.response_mask.flip(-1).float().argmax(-1)
+        widths = torch.where(self.response_mask.any(-1), widths, 1)
+        return [self._slice(slice(start, start + size), int(widths[start:start + size].max()))
+                for start in range(0, len(self), size)]
 
-    def _iter_micro_batches(self, size: int) -> Iterator[PolicyMicroBatch]:
-        lengths = self.response_mask.shape[1] - self.response_mask.flip(-1).argmax(-1)  # last valid + 1
-        lengths = torch.where(self.response_mask.any(-1), lengths, 1)
-        for start in range(0, len(self), size):
-            rows = slice(start, start + size)
-            width = int(lengths[rows].max())
+    def _slice(self, rows: slice, width: int) -> PolicyMicroBatch:
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows, :width]
 
-            def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-                return None if t is None else t[rows, :width]
-
-            yield PolicyMicroBatch(
-                tokens=self.tokens[rows, :width], labels=self.tokens[rows, 1:width + 1],
-                loss_mask=cut(self.response_mask), advantages=self.advantages[rows],
-                old_log_prob=cut(self.old_log_prob), rollout_log_prob=cut(self.rollout_log_prob))
+        return PolicyMicroBatch(
+            tokens=self.tokens[rows, :width], labels=self.tokens[rows, 1:width + 1],
+            loss_mask=cut(self.response_mask), advantages=self.advantages[rows],
+            old_log_prob=cut(self.old_log_prob), rollout_log_prob=cut(self.rollout_log_prob))
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:

@@ -99,10 +99,10 @@ def main() -> None:
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import gather_full_state, load_full_state
     from dapo_megatron.trainer.actor import Actor, PolicyRows, reduce_reports
+    from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.forward import MicroBatch, run_schedule
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
     from dapo_megatron.trainer.warmup import token_sum
-    from dapo_megatron.trainer.config import OptimConfig
 
     cfg = model_config()
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
