@@ -16,8 +16,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.trainer.config import OptimConfig, WarmupConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -30,6 +32,8 @@ class JobConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     seed: int = 1234
     output_dir: str = "outputs/${experiment_name}"
     """Checkpoints, TensorBoard logs and the resolved config go here."""

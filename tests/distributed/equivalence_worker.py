@@ -56,7 +56,8 @@ def dense_log_probs(model: torch.nn.Module, tokens: torch.Tensor, vocab: int | N
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
-def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro: int | None) -> dict:
+def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro: int | None,
+                      loss_agg_mode: str = "token-mean") -> dict:
     """Gradients of the loss written out on the whole batch (micro=None), or of the naive mean of
     per-micro-batch means (micro=k), by plain autograd in this one process."""
     from dapo_megatron.algo.config import AlgoConfig
@@ -74,7 +75,7 @@ def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro
         else:
             loss, _ = compute_policy_loss(log_prob, batch["old_log_prob"][rows], batch["advantages"][rows], mask,
                                           clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-                                          clip_ratio_c=algo.clip_ratio_c)
+                                          clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=loss_agg_mode)
         losses.append(loss / len(chunks))
     total = torch.stack(losses).sum()
     total.backward()
@@ -84,6 +85,7 @@ def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--objective", choices=["ce", "dapo"], required=True)
+    parser.add_argument("--loss-agg-mode", default="token-mean")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--micro-batches", type=int, required=True, help="per data-parallel rank")
@@ -118,7 +120,9 @@ def main() -> None:
         torch.save(batch, root / f"{args.objective}_batch.pt")
         formula = formula_gradients(model, batch, args.objective, micro=None)
         naive = formula_gradients(model, batch, args.objective, micro=4)
-        torch.save({"formula": formula, "naive": naive}, root / f"{args.objective}_formula.pt")
+        seq_mean = formula_gradients(model, batch, args.objective, micro=None, loss_agg_mode="seq-mean-token-mean")
+        torch.save({"formula": formula, "naive": naive, "seq-mean-token-mean": seq_mean},
+                   root / f"{args.objective}_formula.pt")
     else:
         load_full_state(model, torch.load(root / "weights.pt"), cfg, layout)
     batch = torch.load(root / f"{args.objective}_batch.pt")
@@ -136,7 +140,8 @@ def main() -> None:
         reports = [{"loss_sum": r["loss_sum"], "units": r["tokens"]} for r in reports]
     else:
         optimizer, scheduler = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
-        actor = Actor(ddp, optimizer, scheduler, AlgoConfig(), layout, vocab_size=VOCAB)
+        actor = Actor(ddp, optimizer, scheduler, AlgoConfig(loss_agg_mode=args.loss_agg_mode), layout,
+                      vocab_size=VOCAB)
         rows = PolicyRows(tokens=batch["tokens"][mine], response_mask=batch["mask"][mine],
                           advantages=batch["advantages"][mine], old_log_prob=batch["old_log_prob"][mine])
         reports = actor.backward(rows, mb_size)

@@ -59,6 +59,15 @@ def test_layout_gives_the_whole_batch_gradient(reference: dict, workdir: Path, o
     assert_same_gradients(torch.load(out), reference[objective]["formula"])
 
 
+@pytest.mark.parametrize("layout", ["mb4", "dp2"])
+def test_sequence_mean_ablation_is_exact_too(reference: dict, workdir: Path, layout: str) -> None:
+    tp, pp, nproc, micro = LAYOUTS[layout]
+    out = workdir / f"seq_mean_{layout}.pt"
+    torchrun(WORKER, nproc, "--objective", "dapo", "--loss-agg-mode", "seq-mean-token-mean", "--tp", str(tp),
+             "--pp", str(pp), "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    assert_same_gradients(torch.load(out), reference["dapo"]["seq-mean-token-mean"])
+
+
 @pytest.mark.parametrize("objective", ["ce", "dapo"])
 def test_naive_mean_of_micro_batch_means_differs(reference: dict, objective: str) -> None:
     formula, naive = reference[objective]["formula"], reference[objective]["naive"]

@@ -29,7 +29,8 @@ def test_every_config_file_composes(group: str, option: str) -> None:
 
 
 def test_groups_the_issue_asks_for_exist() -> None:
-    assert {"model", "parallel", "optim", "experiment"} <= set(GROUPS)
+    assert {"model", "parallel", "optim", "algo", "reward", "experiment"} <= set(GROUPS)
+    assert {"dapo", "grpo", "dapo_seq_mean"} <= set(options("algo"))
     assert {"tiny", "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-32b"} <= set(options("model"))
 
 
