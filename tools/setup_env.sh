@@ -12,13 +12,19 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.requirements.sha256"
-want=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" "$repo/pyproject.toml" | sha256sum | cut -d' ' -f1)
+want=$(cat "$repo"/requirements*.txt "$repo/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing requirements (first run takes a few minutes)" >&2
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   # torch first and alone: a CPU wheel for this exact version; anything looser pulls a multi-GB CUDA build.
   "$venv/bin/python" -m pip install --quiet "$(grep '^torch==' "$repo/requirements.txt")"
   "$venv/bin/python" -m pip install --quiet -r "$repo/requirements.txt" -r "$repo/requirements-dev.txt"
+  # SGLang for CPU rollouts: its runtime dependencies (never letting them move torch or transformers),
+  # then SGLang itself without its CUDA pins.
+  constraints="$venv/constraints.txt"
+  grep -E '^(torch|transformers)==' "$repo/requirements.txt" > "$constraints"
+  "$venv/bin/python" -m pip install --quiet -c "$constraints" -r "$repo/requirements-sglang-cpu.txt"
+  "$venv/bin/python" -m pip install --quiet --no-deps -r "$repo/requirements-sglang.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$repo"
   echo "$want" > "$stamp"
 fi

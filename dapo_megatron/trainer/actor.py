@@ -138,6 +138,7 @@ class Actor:
                  layout: ParallelLayout, *, vocab_size: int, temperature: float = 1.0) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.algo, self.layout = algo, layout
+        self.vocab_size, self.temperature = vocab_size, temperature
         self.loss_fn = dapo_loss_fn(algo, layout, vocab_size=vocab_size, temperature=temperature)
 
     def backward(self, rows: PolicyRows, micro_batch_size: int) -> list[dict[str, Any]]:
@@ -147,6 +148,32 @@ class Actor:
         self.optimizer.zero_grad()
         return run_schedule(self.model, rows.micro_batches(micro_batch_size), self.loss_fn,
                             forward_only=False, with_labels=False)
+
+    @torch.no_grad()
+    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int) -> torch.Tensor:
+        """log pi(label) under the current weights for every label position: [n, L - 1], zero outside
+        `response_mask`, identical on every rank of this replica (the last stage computes it and
+        broadcasts it along the pipeline). Used for the old-policy log-probs and for sync checks."""
+        group = self.layout.tp_group if self.layout.tp_size > 1 else None
+
+        def keep(mb: PolicyMicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            log_prob, _ = vocab_parallel_logprobs(
+                logits, mb.labels, temperature=self.temperature, vocab_size=self.vocab_size, process_group=group,
+                chunk_size=self.algo.logprob_chunk_size, compute_entropy=False)
+            return log_prob.sum(), torch.ones((), dtype=torch.int), {"log_prob": log_prob * mb.loss_mask}
+
+        micro = rows.micro_batches(micro_batch_size)
+        reports = run_schedule(self.model, micro, keep, forward_only=True, with_labels=False)
+        out = torch.zeros(rows.response_mask.shape, dtype=torch.float32)
+        if self.layout.is_last_stage:
+            start = 0
+            for mb, report in zip(micro, reports, strict=True):
+                rows_in_mb, width = mb.tokens.shape
+                out[start:start + rows_in_mb, :width] = report["log_prob"]
+                start += rows_in_mb
+        if self.layout.pp_size > 1:
+            torch.distributed.broadcast(out, src=self.layout.pp_last_rank, group=self.layout.pp_group)
+        return out
 
     def train_step(self, rows: PolicyRows, micro_batch_size: int) -> dict[str, float]:
         """One optimizer step on `rows` (this rank's share of the batch)."""

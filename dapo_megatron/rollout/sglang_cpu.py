@@ -1,0 +1,116 @@
+"""Start a real SGLang server on a CPU-only machine.
+
+    python -m dapo_megatron.rollout.sglang_cpu --model-path DIR --port 30000 [sglang server args]
+
+SGLang imports two packages that have only CUDA builds on PyPI: `torchvision` (from multimodal code a
+text-only Qwen2 never runs) and `sgl_kernel` (CUDA/AMX kernels; on CPUs without AMX SGLang uses its
+native-torch fallbacks). This module registers import-time stand-ins for both in this process and in
+every process SGLang spawns (they re-import this module as their `__main__`), then runs SGLang's own
+launcher. A stand-in for `sgl_kernel` raises as soon as anything is *called* on it, so a run that
+finishes proves no kernel was needed. Nothing is installed into or edited in site-packages.
+
+On GPU machines SGLang is imported and launched as usual; this module is for CPU only.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from typing import Any
+
+
+class _AnyAttribute(type):
+    # Enum-like members used at import time (`InterpolationMode.BICUBIC` in transformers' image code).
+    def __getattr__(cls, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return name
+
+
+class _Placeholder(metaclass=_AnyAttribute):
+    """Stands for any class or enum a stand-in module is asked for at import time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
+
+
+class _StandInModule(types.ModuleType):
+    """A package whose every attribute is another stand-in: submodules for lowercase names,
+    placeholder classes for capitalised ones. `strict` modules raise when called."""
+
+    def __init__(self, name: str, *, strict: bool) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []
+        # transformers parses the version of anything importable; torch 2.13 pairs with torchvision 0.28.
+        self.__version__ = "0.28.0"
+        self._strict = strict
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        full = f"{self.__name__}.{attr}"
+        if attr[:1].isupper():
+            value: Any = type(attr, (_Placeholder,), {"__module__": self.__name__})
+        else:
+            value = sys.modules.get(full) or _StandInModule(full, strict=self._strict)
+            sys.modules.setdefault(full, value)
+        setattr(self, attr, value)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._strict:
+            raise RuntimeError(f"{self.__name__} was called, but only a CPU stand-in is installed; this code "
+                               "path needs the real CUDA/AMX kernel package")
+        return args[0] if len(args) == 1 and callable(args[0]) else self  # decorators pass through
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, packages: dict[str, bool]) -> None:
+        self.packages = packages  # top-level name -> strict
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in self.packages:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _StandInModule(spec.name, strict=self.packages[spec.name.split(".")[0]])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def install_stand_ins() -> None:
+    """Idempotent. Only for CPU processes: never call it where the real packages exist."""
+    if not any(isinstance(finder, _StandInFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _StandInFinder({"torchvision": False, "sgl_kernel": True}))
+    # SGLang's CPU code paths are gated on this variable (is_cpu() returns False without it).
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+
+install_stand_ins()  # at import: SGLang's spawned children import this module again as __mp_main__
+
+
+def main(argv: list[str]) -> None:
+    """What `python -m sglang.launch_server` does, after the stand-ins are in place."""
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
