@@ -19,10 +19,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first and alone: a CPU wheel for this exact version; anything looser pulls a multi-GB CUDA build.
   "$venv/bin/python" -m pip install --quiet "$(grep '^torch==' "$repo/requirements.txt")"
   "$venv/bin/python" -m pip install --quiet -r "$repo/requirements.txt" -r "$repo/requirements-dev.txt"
-  # SGLang for CPU rollouts: its runtime dependencies (never letting them move torch or transformers),
+  # SGLang for CPU rollouts: its runtime dependencies (never moving a package pinned above),
   # then SGLang itself without its CUDA pins.
   constraints="$venv/constraints.txt"
-  grep -E '^(torch|transformers)==' "$repo/requirements.txt" > "$constraints"
+  grep -hE '^[A-Za-z0-9_.-]+==' "$repo/requirements.txt" "$repo/requirements-dev.txt" > "$constraints"
   "$venv/bin/python" -m pip install --quiet -c "$constraints" -r "$repo/requirements-sglang-cpu.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -r "$repo/requirements-sglang.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$repo"

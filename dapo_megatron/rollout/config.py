@@ -1,0 +1,68 @@
+"""Rollout settings: the SGLang engine, sampling, and how weights reach it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RolloutConfig:
+    # --- sampling (DAPO trains at temperature 1.0, top_p 1.0) ---
+    n_samples_per_prompt: int = 8
+    """Group size G: samples per prompt, normalised together by GRPO."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_length: int = 16
+    """max_new_tokens; responses cut here finish with reason `length`."""
+    max_prompt_length: int = 64
+
+    # --- engine ---
+    engine_tp_size: int = 1
+    """Tensor-parallel size of each SGLang engine (one engine per group of this many GPUs)."""
+    mem_fraction_static: float = 0.5
+    """Share of GPU memory SGLang takes for weights + KV cache (ignored on CPU)."""
+    max_total_tokens: int = 65536
+    """KV-cache capacity in tokens on CPU, where there is no memory fraction to size it from."""
+    dtype: str = "auto"
+    """Engine dtype; auto = the policy's params_dtype."""
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    max_concurrent_requests: int = 256
+    log_dir: str | None = None
+    """Engine logs; None = <output_dir>/logs."""
+
+    # --- weight sync ---
+    sync_bucket_mb: int = 512
+    """Size of each bucket of HF tensors pushed to the engine; bounds the extra memory during a sync."""
+    sync_method: str = "tensor"
+    """`tensor` (update_weights_from_tensor: CUDA IPC on GPU, shared memory on CPU) or `distributed`
+    (update_weights_from_distributed: broadcast over a process group shared with the engine)."""
+    sync_check: str = "first"
+    """Compare engine and trainer log-probs on a probe batch after a sync: `always`, `first` (the first
+    sync, then every `sync_check_every` steps) or `off`."""
+    sync_check_every: int = 50
+    sync_check_tolerance: float = 1e-3
+    """Largest allowed |engine - trainer| log-prob on the probe batch (fp32; use ~0.05 for bf16)."""
+
+    def __post_init__(self) -> None:
+        positive = ("n_samples_per_prompt", "max_response_length", "max_prompt_length", "engine_tp_size",
+                    "max_total_tokens", "max_concurrent_requests", "sync_bucket_mb", "sync_check_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0 for RL sampling; got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1]; got {self.top_p}.")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"rollout.mem_fraction_static must be in (0, 1); got {self.mem_fraction_static}.")
+        for name in ("startup_timeout_s", "request_timeout_s", "sync_check_tolerance"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"rollout.{name} must be > 0; got {getattr(self, name)}.")
+        if self.sync_method not in ("tensor", "distributed"):
+            raise ValueError(f"rollout.sync_method must be tensor or distributed; got {self.sync_method!r}.")
+        if self.sync_check not in ("always", "first", "off"):
+            raise ValueError(f"rollout.sync_check must be always, first or off; got {self.sync_check!r}.")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"rollout.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}.")
