@@ -50,23 +50,28 @@ class PolicyRows:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def subset(self, rows: slice, width: int | None = None) -> PolicyRows:
+        """Rows `rows`, label positions cut to `width` (tokens to `width + 1`)."""
+        def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
+            return None if t is None else t[rows, :None if width is None else width + extra]
+
+        return PolicyRows(tokens=cut(self.tokens, 1), response_mask=cut(self.response_mask),
+                          advantages=self.advantages[rows], old_log_prob=cut(self.old_log_prob),
+                          rollout_log_prob=cut(self.rollout_log_prob))
+
     def micro_batches(self, size: int) -> list[PolicyMicroBatch]:
         """Consecutive slices of `size` rows, each cut to its own longest row (no compute on padding
         beyond it)."""
         # Width of each row in label positions: one past its last response token.
         widths = self.response_mask.shape[1] - self.response_mask.flip(-1).float().argmax(-1)
         widths = torch.where(self.response_mask.any(-1), widths, 1)
-        return [self._slice(slice(start, start + size), int(widths[start:start + size].max()))
-                for start in range(0, len(self), size)]
-
-    def _slice(self, rows: slice, width: int) -> PolicyMicroBatch:
-        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[rows, :width]
-
-        return PolicyMicroBatch(
-            tokens=self.tokens[rows, :width], labels=self.tokens[rows, 1:width + 1],
-            loss_mask=cut(self.response_mask), advantages=self.advantages[rows],
-            old_log_prob=cut(self.old_log_prob), rollout_log_prob=cut(self.rollout_log_prob))
+        micro = []
+        for start in range(0, len(self), size):
+            part = self.subset(slice(start, start + size), int(widths[start:start + size].max()))
+            micro.append(PolicyMicroBatch(
+                tokens=part.tokens[:, :-1], labels=part.tokens[:, 1:], loss_mask=part.response_mask,
+                advantages=part.advantages, old_log_prob=part.old_log_prob, rollout_log_prob=part.rollout_log_prob))
+        return micro
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:

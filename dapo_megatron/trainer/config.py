@@ -66,3 +66,83 @@ class WarmupConfig:
             raise ValueError(f"warmup.target_accuracy must be in (0, 1]; got {self.target_accuracy}.")
         if self.lr <= 0:
             raise ValueError(f"warmup.lr must be > 0; got {self.lr}.")
+
+
+@dataclass
+class TrainerConfig:
+    """The DAPO loop: batch sizes, dynamic sampling, checkpoints. Sizes count prompt groups (each of
+    rollout.n_samples_per_prompt samples) unless they say sequences."""
+
+    total_steps: int = 100
+    """Rollout steps (each: generate a batch, then one or more optimizer steps on it)."""
+    train_batch_size: int = 16
+    """Prompt groups per rollout step (the paper: 512)."""
+    ppo_mini_batch_size: int = 16
+    """Prompt groups per optimizer step; train_batch_size / ppo_mini_batch_size optimizer steps run on
+    each rollout batch (the paper: 512 / 32 = 16)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward micro-batch on one data-parallel rank."""
+
+    dynamic_sampling: bool = True
+    """Drop groups whose samples are all right or all wrong and keep generating until the batch is full."""
+    dynamic_sampling_mode: str = "streaming"
+    """`streaming`: judge each group as it completes, abort in-flight requests once the batch is full,
+    carry surplus groups to the next step. `batch_sync`: verl's recipe (generate gen_batch_size prompts,
+    wait for all, filter, truncate, repeat), for comparison."""
+    gen_batch_size: int = 48
+    """Prompts submitted per generation round (verl's recipe uses 3 x train_batch_size)."""
+    max_gen_rounds: int = 10
+    """Rounds allowed to fill one batch. When they run out: `on_unfilled_batch`."""
+    on_unfilled_batch: str = "error"
+    """`error` (stop, as verl does: the data is too easy or too hard for dynamic sampling) or `train`
+    (train on the groups collected so far and log it)."""
+    carry_over: bool = True
+    max_carry_groups: int = 64
+
+    save_every: int = 0
+    """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""
+    hf_export_every: int = 0
+    resume: str = "auto"
+    """`auto` (latest complete checkpoint in output_dir, if any), `never`, or a checkpoint path."""
+    load: str | None = None
+    """A torch_dist checkpoint to start from (tools/convert_hf_to_megatron.py output). Without it the
+    policy starts from model.hf_dir's weights."""
+
+    def __post_init__(self) -> None:
+        for name in ("total_steps", "train_batch_size", "ppo_mini_batch_size", "micro_batch_size",
+                     "gen_batch_size", "max_gen_rounds", "max_carry_groups"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.train_batch_size % self.ppo_mini_batch_size:
+            raise ValueError(f"trainer.train_batch_size ({self.train_batch_size}) must be a multiple of "
+                             f"trainer.ppo_mini_batch_size ({self.ppo_mini_batch_size}).")
+        if self.dynamic_sampling_mode not in ("streaming", "batch_sync"):
+            raise ValueError("trainer.dynamic_sampling_mode must be streaming or batch_sync; "
+                             f"got {self.dynamic_sampling_mode!r}.")
+        if self.on_unfilled_batch not in ("error", "train"):
+            raise ValueError(f"trainer.on_unfilled_batch must be error or train; got {self.on_unfilled_batch!r}.")
+        for name in ("save_every", "hf_export_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}.")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: k samples per problem, avg@k and pass@k (DAPO: AIME, k=32, T=1.0, top_p=0.7)."""
+
+    every: int = 10
+    """Evaluate every N rollout steps (and before the first); 0 disables."""
+    num_problems: int = 200
+    samples_per_problem: int = 1
+    temperature: float = 1.0
+    top_p: float = 0.7
+    max_response_length: int | None = None
+    """None = rollout.max_response_length."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.num_problems < 1 or self.samples_per_problem < 1:
+            raise ValueError("eval.every must be >= 0, eval.num_problems and eval.samples_per_problem >= 1; got "
+                             f"{self.every}, {self.num_problems}, {self.samples_per_problem}.")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"eval.temperature must be >= 0 and eval.top_p in (0, 1]; got {self.temperature}, "
+                             f"{self.top_p}.")

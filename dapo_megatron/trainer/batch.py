@@ -1,0 +1,95 @@
+"""From scored rollout groups to the tensors the actor trains on.
+
+Rewards: the scorer's +1 / -1, plus DAPO's soft overlong penalty on the response length (tokens,
+EOS included). Advantages: GRPO, normalised within each prompt group on the shaped rewards.
+Optionally overlong filtering masks truncated samples out of the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dapo_megatron.algo.advantages import compute_grpo_advantages
+from dapo_megatron.algo.config import AlgoConfig
+from dapo_megatron.algo.reward_shaping import overlong_penalty
+from dapo_megatron.trainer.actor import PolicyRows
+
+
+@dataclass
+class ScoredSample:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    rollout_log_probs: list[float]
+    """The engine's log-prob of each output token (same length as output_ids)."""
+    finish_reason: str
+    """stop | length | abort"""
+    score: float
+    """The reward function's score (DAPO: +1 / -1)."""
+    acc: bool
+
+
+@dataclass
+class ScoredGroup:
+    key: str
+    """Identifies the prompt (its dataset uid); GRPO normalises within a group."""
+    samples: list[ScoredSample]
+
+    @property
+    def accuracies(self) -> list[bool]:
+        return [s.acc for s in self.samples]
+
+
+def shaped_rewards(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int) -> torch.Tensor:
+    """[n] score + overlong penalty (when enabled), in the order of the groups' samples."""
+    rewards = []
+    for group in groups:
+        for sample in group.samples:
+            reward = sample.score
+            if algo.overlong_buffer_enable:
+                reward += overlong_penalty(len(sample.output_ids), max_response_length=max_response_length,
+                                           buffer_length=algo.overlong_buffer_length,
+                                           penalty_factor=algo.overlong_penalty_factor)
+            rewards.append(reward)
+    return torch.tensor(rewards, dtype=torch.float32)
+
+
+def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int,
+               pad_token_id: int) -> tuple[PolicyRows, dict[str, float]]:
+    """PolicyRows for every sample of `groups` (group-major order) and reward metrics."""
+    samples = [s for g in groups for s in g.samples]
+    rewards = shaped_rewards(groups, algo, max_response_length=max_response_length)
+    group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
+    advantages = compute_grpo_advantages(rewards, group_ids, eps=algo.adv_eps, norm_by_std=algo.norm_adv_by_std)
+
+    width = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)
+    tokens = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(samples), width - 1)
+    rollout_log_prob = torch.zeros(len(samples), width - 1)
+    for row, sample in enumerate(samples):
+        prompt, output = len(sample.prompt_ids), len(sample.output_ids)
+        tokens[row, :prompt + output] = torch.tensor(sample.prompt_ids + sample.output_ids)
+        # Label position t scores token t + 1: the response occupies label positions prompt-1 .. prompt+output-2.
+        truncated = algo.overlong_filter and sample.finish_reason == "length"
+        mask[row, prompt - 1:prompt - 1 + output] = 0.0 if truncated else 1.0
+        rollout_log_prob[row, prompt - 1:prompt - 1 + output] = torch.tensor(sample.rollout_log_probs)
+    lengths = torch.tensor([len(s.output_ids) for s in samples], dtype=torch.float32)
+    metrics = {
+        "rollout/score": float(torch.tensor([s.score for s in samples]).mean()),
+        "rollout/accuracy": sum(s.acc for s in samples) / len(samples),
+        "rollout/reward": float(rewards.mean()),
+        "rollout/response_length": float(lengths.mean()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/overlong_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        "rollout/advantage_abs": float(advantages.abs().mean()),
+    }
+    rows = PolicyRows(tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob)
+    return rows, metrics
+
+
+def split_rows(rows: PolicyRows, parts: int, index: int) -> PolicyRows:
+    """The `index`-th of `parts` contiguous slices of rows (a data-parallel rank's share)."""
+    n = len(rows)
+    return rows.subset(slice(n * index // parts, n * (index + 1) // parts))
