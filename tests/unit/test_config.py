@@ -48,7 +48,7 @@ def test_experiment_overrides_groups_and_name() -> None:
     assert job.experiment_name == "tiny_tp2pp2" and job.output_dir == "outputs/tiny_tp2pp2"
 
 
-@pytest.mark.parametrize("override", ["+model.num_layerz=3", "+trainer=1", "+optim.betas=1"])
+@pytest.mark.parametrize("override", ["+model.num_layerz=3", "+trainers=1", "+optim.betas=1"])
 def test_unknown_keys_are_errors(override: str) -> None:
     with pytest.raises(C.ConfigError, match="unknown config key"):
         C.load([override])

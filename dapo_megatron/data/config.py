@@ -1,0 +1,68 @@
+"""Configuration of the prompt data sets (the ``data`` group)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["FORMATS", "OVERLONG_MODES", "DataConfig"]
+
+FORMATS = ("auto", "verl", "gsm8k", "flat")
+"""File formats the loader reads; ``auto`` detects one per file (see ``data.datasets``)."""
+
+OVERLONG_MODES = ("truncate_left", "drop", "error")
+"""What happens to a prompt longer than ``max_prompt_length`` tokens."""
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from and how they are cleaned before rollouts.
+
+    The prompt length limit itself is ``rollout.max_prompt_length`` (one number shared with the
+    engine); this group only says what to do with prompts above it.
+    """
+
+    train_files: list[str] = field(default_factory=list)
+    """``.jsonl`` / ``.parquet`` files of training prompts, read in order and de-duplicated together.
+    Empty for the laptop demo, which trains on its synthetic task (``data.arithmetic``)."""
+
+    eval_files: list[str] = field(default_factory=list)
+    """Evaluation prompts, e.g. the 30 AIME 2024 problems."""
+
+    format: str = "auto"
+    """File format of every file: ``auto`` (detected per file), ``verl``, ``gsm8k`` or ``flat``."""
+
+    data_source: str | None = None
+    """Replace every row's ``data_source`` (which picks the reward function); None keeps the file's."""
+
+    dedup_train: bool = True
+    """Drop repeated prompts. The public DAPO-Math-17k parquet holds each prompt ~100 times."""
+
+    dedup_eval: bool = True
+    """Drop repeated eval prompts. DAPO's AIME parquet repeats each problem 32 times to get avg@32
+    with one sample per row; de-duplicated, the evaluator draws 32 samples per problem instead."""
+
+    overlong_prompt: str = "truncate_left"
+    """``truncate_left`` keeps the last ``max_prompt_length`` tokens (DAPO: verl's truncation=left),
+    ``drop`` removes the prompt, ``error`` stops the run. Every case is counted in the stats."""
+
+    skip_malformed: bool = False
+    """Skip and count rows that cannot be read instead of stopping at the first one."""
+
+    use_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (DAPO does, also for base models). Without a
+    template, or when False, the message contents are joined and tokenized as plain text."""
+
+    shuffle: bool = True
+    """Reshuffle the training prompts every epoch (evaluation keeps file order)."""
+
+    seed: int = 0
+    """Seed of the epoch shuffles; separate from the job seed so model initialisation experiments do
+    not change the data order."""
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format must be one of {FORMATS}; got {self.format!r}")
+        if self.overlong_prompt not in OVERLONG_MODES:
+            raise ValueError(f"data.overlong_prompt must be one of {OVERLONG_MODES}; got {self.overlong_prompt!r}")
+        if self.data_source is not None and not self.data_source.strip():
+            raise ValueError("data.data_source must be a non-empty name or null (keep each row's own)")

@@ -1,0 +1,380 @@
+"""Prompt data sets: the real files in ../shared/data, format rules, de-duplication, length limits,
+error messages, the resumable shuffled order, and chat-template tokenization."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dapo_megatron.data import char_tokenizer
+from dapo_megatron.data.config import FORMATS, DataConfig
+from dapo_megatron.data.datasets import (
+    DAPO_INSTRUCTION,
+    DAPO_REMINDER,
+    DatasetError,
+    DatasetStats,
+    PromptDataset,
+    PromptExample,
+    build_dataset,
+    dapo_prompt,
+    dataset_from_config,
+    detect_format,
+    encode_prompt,
+    load_examples,
+    render_prompt,
+    tokenize_examples,
+)
+from tests.conftest import SHARED_DATA
+
+AIME_PARQUET = SHARED_DATA / "aime-2024.dapo.parquet"
+AIME_JSONL = SHARED_DATA / "aime2024_30.jsonl"
+AIME_QWEN = SHARED_DATA / "aime24_qwen25math_test.jsonl"
+DAPO_SAMPLE = SHARED_DATA / "dapo_math_17k_sample27.jsonl"
+GSM8K_TEST = SHARED_DATA / "gsm8k_test.jsonl"
+GSM8K_TRAIN = SHARED_DATA / "gsm8k_train_first200.jsonl"
+
+# dapo-semantics.md section 11 (order-free: that list orders II-13..15 differently from the AIME ids).
+AIME_ANSWERS = Counter(["204", "25", "809", "116", "104", "294", "540", "197", "480", "113", "371", "385",
+                        "110", "104", "721", "73", "236", "45", "33", "80", "55", "699", "127", "902", "468",
+                        "601", "23", "211", "315", "321"])
+# Distinctive problem text -> official answer (AIME 2024 I-1, I-7, I-15, II-13, II-15).
+AIME_KNOWN = {"Every morning Aya goes for a $9$-kilometer-long walk": "204",
+              "Find the largest possible real part of": "540",
+              "rectangular boxes with surface area $54$ and volume $23$": "721",
+              "be a 13th root of unity": "321",
+              "inside a fixed regular dodecagon": "315"}
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def verl_row(problem: str, answer: object = "1", **extra: object) -> dict[str, object]:
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": dapo_prompt(problem)}],
+            "reward_model": {"ground_truth": answer, "style": "rule"}, **extra}
+
+
+def examples(n: int) -> list[PromptExample]:
+    return [PromptExample(uid=f"u{i}", prompt=f"p{i}", ground_truth=str(i), data_source="math_dapo",
+                          messages=({"role": "user", "content": f"p{i}"},), origin=f"test, line {i + 1}")
+            for i in range(n)]
+
+
+def answer_for(prompt: str) -> str:
+    return next(answer for text, answer in AIME_KNOWN.items() if text in prompt)
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer():
+    return char_tokenizer.build()
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    tokenizer = char_tokenizer.build()
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+# --- the real files -----------------------------------------------------------------------------
+
+def test_aime_parquet_dedups_to_30_problems_with_correct_answers() -> None:
+    rows, stats = load_examples(AIME_PARQUET)
+    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, len(rows)) == (960, 930, 0, 30)
+    assert Counter(r.ground_truth for r in rows) == AIME_ANSWERS
+    assert {r.data_source for r in rows} == {"math_dapo"}
+    assert all(r.prompt.startswith(DAPO_INSTRUCTION) and r.prompt.endswith(DAPO_REMINDER) for r in rows)
+    known = [r for r in rows if any(text in r.prompt for text in AIME_KNOWN)]
+    assert len(known) == len(AIME_KNOWN)
+    assert all(r.ground_truth == answer_for(r.prompt) for r in known)
+    assert rows[0].origin.endswith("aime-2024.dapo.parquet, row 0")
+
+
+def test_aime_parquet_without_dedup_keeps_32_copies_with_unique_uids() -> None:
+    rows, stats = load_examples(AIME_PARQUET, dedup=False)
+    assert len(rows) == 960 and stats.duplicates_removed == 0
+    assert len({r.uid for r in rows}) == 960
+    copies = Counter(r.uid.split("-")[0] for r in rows)
+    assert Counter(copies.values()) == {32: 30}
+
+
+def test_aime_jsonl_has_the_parquets_prompts_uids_and_answers() -> None:
+    jsonl, _ = load_examples(AIME_JSONL)
+    parquet, _ = load_examples(AIME_PARQUET)
+    assert len(jsonl) == 30
+    assert {r.uid: r.ground_truth for r in jsonl} == {r.uid: r.ground_truth for r in parquet}
+    assert jsonl[0].ground_truth == "204" and jsonl[0].origin.endswith("aime2024_30.jsonl, line 1")
+
+
+def test_qwen_aime_copy_is_wrapped_in_the_dapo_prompt() -> None:
+    rows, _ = load_examples(AIME_QWEN)
+    # This copy writes answers AIME-style with three digits ("023"). The loader keeps ground truths
+    # verbatim, and DAPO's exact-match scorer would then reject "Answer: 23": evaluate on DAPO's file.
+    assert len(rows) == 30 and "023" in {r.ground_truth for r in rows}
+    assert Counter(str(int(r.ground_truth)) for r in rows) == AIME_ANSWERS
+    assert rows[0].prompt == dapo_prompt(json.loads(AIME_QWEN.read_text().splitlines()[0])["problem"])
+    assert {r.data_source for r in rows} == {"math_dapo"}
+    assert all(int(r.ground_truth) == int(answer_for(r.prompt)) for r in rows if any(t in r.prompt for t in AIME_KNOWN))
+
+
+def test_dapo_math_sample() -> None:
+    rows, stats = load_examples(DAPO_SAMPLE)
+    assert len(rows) == 27 and stats.duplicates_removed == 0
+    assert [r.ground_truth for r in rows[:4]] == ["34", "113", "-3", "3"]
+    assert {r.data_source for r in rows} == {"math_dapo"}
+    assert all(r.prompt.startswith(DAPO_INSTRUCTION + "\n\n") and r.prompt.endswith("\n\n" + DAPO_REMINDER)
+               for r in rows)
+    assert rows[0].messages == ({"role": "user", "content": rows[0].prompt},)
+
+
+def test_gsm8k_files() -> None:
+    test, stats = load_examples(GSM8K_TEST)
+    train, _ = load_examples(GSM8K_TRAIN)
+    assert (len(test), stats.rows_read, len(train)) == (1319, 1319, 200)
+    assert (test[0].ground_truth, train[0].ground_truth) == ("18", "72")
+    assert {r.data_source for r in test} == {"gsm8k"}
+    assert test[0].prompt == dapo_prompt(json.loads(GSM8K_TEST.read_text().splitlines()[0])["question"])
+    assert all(r.ground_truth.lstrip("-").replace(".", "", 1).isdigit() for r in test)  # "2,125" -> "2125"
+    assert "2125" in {r.ground_truth for r in test}
+
+
+def test_explicit_format_overrides_detection() -> None:
+    assert detect_format(json.loads(AIME_JSONL.read_text().splitlines()[0])) == "flat"
+    with pytest.raises(DatasetError, match=r"aime2024_30\.jsonl, line 1: .*'prompt' must be a non-empty list"):
+        load_examples(AIME_JSONL, format="verl")
+    rows, _ = load_examples(GSM8K_TRAIN, format="flat")  # the whole solution becomes the answer
+    assert rows[0].ground_truth.endswith("#### 72")
+
+
+def test_data_source_override() -> None:
+    rows, _ = load_examples(AIME_JSONL, data_source="aime_2024")
+    assert {r.data_source for r in rows} == {"aime_2024"}
+
+
+# --- de-duplication --------------------------------------------------------------------------------
+
+def test_dedup_keeps_first_occurrence_in_order_and_counts(tmp_path: Path) -> None:
+    first = write_jsonl(tmp_path / "a.jsonl", [verl_row("A", "1"), verl_row("B", "2"),
+                                                verl_row("  A ", "1"), verl_row("C", "3")])
+    second = write_jsonl(tmp_path / "b.jsonl", [{"problem": "B", "answer": "9"}, {"problem": "a", "answer": "4"}])
+    rows, stats = load_examples([first, second])
+    assert [r.ground_truth for r in rows] == ["1", "2", "3", "4"]  # "a" != "A": case is kept
+    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, stats.final_size) == (6, 2, 1, 4)
+    assert "2 duplicates removed" in stats.summary()
+
+    kept, stats = load_examples([first, second], dedup=False)
+    assert len(kept) == 6 and stats.duplicates_removed == 0
+    assert [r.uid for r in kept][2] == kept[0].uid + "-2" and kept[4].uid == kept[1].uid + "-2"
+
+
+# --- tokens and lengths ------------------------------------------------------------------------------
+
+def test_chat_template_path(chat_tokenizer) -> None:
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"})
+    text = render_prompt(messages, chat_tokenizer)
+    assert text == "<system>Be brief.\n<user>1+1?\n<assistant>"
+    assert encode_prompt(messages, chat_tokenizer) == char_tokenizer.encode(text)
+    assert render_prompt(messages, chat_tokenizer, use_chat_template=False) == "Be brief.\n\n1+1?"
+
+
+def test_no_template_fallback_is_the_plain_content(plain_tokenizer) -> None:
+    assert plain_tokenizer.chat_template is None
+    prompt = "Solve: 37+45=? "
+    assert encode_prompt(({"role": "user", "content": prompt},), plain_tokenizer) == char_tokenizer.encode(prompt)
+
+
+def test_build_dataset_with_template_truncates_from_the_left(chat_tokenizer) -> None:
+    dataset = build_dataset(DAPO_SAMPLE, chat_tokenizer, max_prompt_length=300, shuffle=False)
+    assert len(dataset) == 27 and dataset.stats.too_long_truncated > 0
+    assert dataset.stats.longest_prompt_tokens > 300
+    for example in dataset:
+        rendered = render_prompt(example.messages, chat_tokenizer)
+        assert example.prompt_ids == tuple(char_tokenizer.encode(rendered)[-300:])
+        assert rendered.endswith("<assistant>")
+
+
+def test_overlong_modes_drop_truncate_error(plain_tokenizer) -> None:
+    rows = [PromptExample(uid=str(n), prompt="ab" * n, ground_truth="1", data_source="s",
+                          messages=({"role": "user", "content": "ab" * n},), origin=f"f, line {n}")
+            for n in (2, 5, 8)]
+    dropped = DatasetStats()
+    kept = tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="drop", stats=dropped)
+    assert [e.uid for e in kept] == ["2", "5"] and (dropped.too_long_dropped, dropped.final_size) == (1, 2)
+    truncated = DatasetStats()
+    kept = tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, stats=truncated)
+    assert char_tokenizer.decode(list(kept[2].prompt_ids)) == ("ab" * 8)[-10:]  # the end survives
+    assert kept[1].prompt_ids == tuple(char_tokenizer.encode("ab" * 5))
+    assert (truncated.too_long_truncated, truncated.final_size, truncated.longest_prompt_tokens) == (1, 3, 16)
+    with pytest.raises(DatasetError, match=r"f, line 8: prompt is 16 tokens, over max_prompt_length=10"):
+        tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="error")
+
+
+# --- malformed rows ----------------------------------------------------------------------------------
+
+GOOD = verl_row("good")
+FLAT = {"problem": "good", "answer": 7}
+MALFORMED = {  # case -> (a valid first row, which fixes the detected format; the bad row; the message)
+    "invalid JSON": (GOOD, '{"prompt": [', "is not valid JSON"),
+    "not an object": (GOOD, "[1, 2]", "is a JSON list, not an object"),
+    "missing prompt": (GOOD, {"reward_model": {"ground_truth": "1"}}, "'prompt' must be a non-empty list"),
+    "missing ground truth": (GOOD, {"prompt": [{"role": "user", "content": "q"}]}, "no reward_model.ground_truth"),
+    "float ground truth": (GOOD, verl_row("q", 1.5), "must be a string or an integer, got float"),
+    "empty ground truth": (GOOD, verl_row("q", " "), "ground truth 'reward_model.ground_truth' is empty"),
+    "message not an object": (GOOD, {**GOOD, "prompt": ["hi"]}, r"prompt\[0\] must be an object"),
+    "content not text": (GOOD, {**GOOD, "prompt": [{"role": "user", "content": 7}]},
+                         r"prompt\[0\]\.content must be a string"),
+    "empty prompt": (GOOD, {**GOOD, "prompt": [{"role": "user", "content": "  "}]}, "the last one must have text"),
+    "bad data_source": (GOOD, {**GOOD, "data_source": 3}, "'data_source' must be a string"),
+    "flat prompt not text": (FLAT, {"prompt": 5, "answer": "1"}, "field 'prompt' must be a string, got int"),
+    "flat empty problem": (FLAT, {"problem": " ", "answer": 1}, "field 'problem' is empty"),
+    "flat no answer": (FLAT, {"problem": "q"}, "has no answer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_row_names_file_row_and_problem(tmp_path: Path, case: str) -> None:
+    first, row, expected = MALFORMED[case]
+    path = write_jsonl(tmp_path / "bad.jsonl", [first, row])
+    with pytest.raises(DatasetError, match=rf"bad\.jsonl, line 2: .*{expected}") as raised:
+        load_examples(path)
+    assert (raised.value.path, raised.value.row) == (path, 2)
+
+
+def test_undecodable_lines_gsm8k_errors_and_skipping(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "x #### 3"}\n\n\xff\xfe\n{"question": "q2", "answer": "no marker"}\n'
+                     + b'{"question": "q3", "answer": "#### 1", "id": ' + b"9" * 5000 + b"}\n")
+    with pytest.raises(DatasetError, match=r"bad\.jsonl, line 3: is not UTF-8"):
+        load_examples(path)
+    rows, stats = load_examples(path, skip_malformed=True)
+    assert [r.ground_truth for r in rows] == ["3"] and (stats.rows_read, stats.malformed_skipped) == (4, 3)
+    assert "line 4: field 'answer' has no '#### <final answer>'" in stats.malformed_examples[1]
+    assert "line 5: cannot be decoded as JSON" in stats.malformed_examples[2]
+
+
+def test_parquet_errors_name_the_row_index(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([verl_row("a"), verl_row("b", None)]), path)
+    with pytest.raises(DatasetError, match=r"bad\.parquet, row 1: has no reward_model\.ground_truth") as raised:
+        load_examples(path)
+    assert raised.value.row == 1
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match=r"junk\.parquet: cannot read parquet"):
+        load_examples(tmp_path / "junk.parquet")
+
+
+def test_file_level_errors(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"missing\.jsonl: no such file"):
+        load_examples(tmp_path / "missing.jsonl")
+    (tmp_path / "rows.csv").write_text("a,b\n")
+    with pytest.raises(DatasetError, match=r"unsupported file type '\.csv'"):
+        load_examples(tmp_path / "rows.csv")
+    with pytest.raises(DatasetError, match="cannot tell the data format"):
+        load_examples(write_jsonl(tmp_path / "odd.jsonl", [{"text": "hi", "label": 1}]))
+    with pytest.raises(DatasetError, match="no data files given"):
+        load_examples([])
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=8)
+TEXT = st.text(max_size=6)
+KEYS = st.sampled_from(["prompt", "question", "problem", "answer", "ground_truth", "reward_model", "data_source"])
+MESSAGES = st.lists(st.fixed_dictionaries({"role": st.just("user") | JSON, "content": TEXT | JSON}) | JSON,
+                    max_size=2)
+VALID = st.one_of(  # rows of each format, with empty texts and integer answers now and then
+    st.builds(verl_row, TEXT, TEXT | st.integers()),
+    st.fixed_dictionaries({"problem": TEXT, "answer": TEXT | st.integers()}),
+    st.fixed_dictionaries({"prompt": TEXT, "ground_truth": TEXT | st.integers()}),
+    st.fixed_dictionaries({"question": TEXT, "answer": st.builds("{} #### {}".format, TEXT, TEXT)}),
+)
+ROW = st.one_of(
+    VALID,
+    VALID.flatmap(lambda row: st.builds(lambda key, value: {**row, key: value},  # one of its fields broken
+                                        st.sampled_from(sorted(row)), JSON | MESSAGES)),
+    st.dictionaries(KEYS, JSON | MESSAGES | st.fixed_dictionaries({"ground_truth": JSON}), max_size=4),
+    JSON,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(ROW, min_size=1, max_size=4), fmt=st.sampled_from(FORMATS), skip=st.booleans())
+def test_any_json_rows_load_or_raise_dataset_error(tmp_path: Path, rows: list[object], fmt: str, skip: bool) -> None:
+    path = tmp_path / "fuzz.jsonl"  # every row JSON-encoded, so one row is exactly one line
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    try:
+        loaded, stats = load_examples(path, format=fmt, skip_malformed=skip)
+    except DatasetError as error:
+        assert "fuzz.jsonl" in str(error)
+        return
+    assert stats.rows_read == len(rows) == len(loaded) + stats.duplicates_removed + stats.malformed_skipped
+    for example in loaded:
+        assert example.prompt.strip() and example.ground_truth and example.data_source
+        assert all(isinstance(m["content"], str) for m in example.messages)
+
+
+# --- the resumable order ----------------------------------------------------------------------------
+
+def test_seeded_order_is_reproducible_and_epochs_reshuffle() -> None:
+    first, again, other = (PromptDataset(examples(10), seed=s) for s in (3, 3, 4))
+    epoch0 = [e.uid for _ in range(2) for e in first.next_batch(4)]
+    assert epoch0 == [e.uid for _ in range(2) for e in again.next_batch(4)]
+    assert epoch0 != [e.uid for _ in range(2) for e in other.next_batch(4)]
+    assert (first.epoch, first.index, first.remaining_in_epoch) == (0, 8, 2)
+    epoch1 = [e.uid for _ in range(2) for e in first.next_batch(4)]  # the 2 left over are dropped
+    assert first.epoch == 1 and epoch1 != epoch0
+    assert sorted(first.epoch_order(1)) == list(range(10)) and first.batches_per_epoch(4) == 2
+
+
+def test_state_dict_resumes_exactly_mid_epoch() -> None:
+    original = PromptDataset(examples(7), seed=11)
+    for _ in range(5):  # 2 full epochs of 3 batches of 2 would be 6; stop mid-epoch 1
+        original.next_batch(2)
+    state = json.loads(json.dumps(original.state_dict()))
+    assert (state["epoch"], state["index"]) == (1, 4)
+    resumed = PromptDataset(examples(7), seed=11)
+    resumed.load_state_dict(state)
+    assert [[e.uid for e in original.next_batch(2)] for _ in range(6)] == \
+           [[e.uid for e in resumed.next_batch(2)] for _ in range(6)]
+
+
+def test_state_dict_refuses_other_data_or_seed() -> None:
+    state = PromptDataset(examples(7), seed=11).state_dict()
+    with pytest.raises(DatasetError, match="checkpoint has seed=11"):
+        PromptDataset(examples(7), seed=12).load_state_dict(state)
+    with pytest.raises(DatasetError, match="checkpoint has size=7"):
+        PromptDataset(examples(8), seed=11).load_state_dict(state)
+    with pytest.raises(DatasetError, match="invalid data set position"):
+        PromptDataset(examples(7), seed=11).load_state_dict({**state, "index": 8})
+
+
+def test_unshuffled_order_take_and_empty() -> None:
+    dataset = PromptDataset(examples(5), shuffle=False)
+    assert [e.uid for e in dataset.next_batch(3)] == ["u0", "u1", "u2"]
+    assert [e.uid for e in dataset.take(2)] == ["u0", "u1"] and len(dataset.take(9)) == 5
+    assert dataset[4].uid == "u4" and [e.uid for e in dataset[1:3]] == ["u1", "u2"]
+    with pytest.raises(ValueError, match="batch_size must be in"):
+        dataset.next_batch(6)
+    with pytest.raises(DatasetError, match="empty"):
+        PromptDataset([])
+
+
+def test_dataset_from_config(plain_tokenizer) -> None:
+    config = DataConfig(train_files=[str(DAPO_SAMPLE)], eval_files=[str(AIME_PARQUET)], seed=5)
+    train = dataset_from_config(config, "train", plain_tokenizer, max_prompt_length=2048)
+    evaluation = dataset_from_config(config, "eval", plain_tokenizer, max_prompt_length=2048)
+    assert (len(train), train.shuffle, train.seed) == (27, True, 5)
+    assert (len(evaluation), evaluation.shuffle, evaluation.stats.duplicates_removed) == (30, False, 930)
+    assert evaluation.next_batch(2) == evaluation.take(2)
+    with pytest.raises(ValueError, match=r"data\.overlong_prompt"):
+        DataConfig(overlong_prompt="right")
