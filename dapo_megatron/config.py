@@ -17,10 +17,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from dapo_megatron.algo.config import AlgoConfig
+from dapo_megatron.data.config import DataConfig
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.rewards.config import RewardConfig
-from dapo_megatron.trainer.config import OptimConfig, WarmupConfig
+from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.trainer.config import EvalConfig, OptimConfig, TrainerConfig, WarmupConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The Hydra config tree shipped with the repository."""
@@ -34,6 +36,10 @@ class JobConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     seed: int = 1234
     output_dir: str = "outputs/${experiment_name}"
     """Checkpoints, TensorBoard logs and the resolved config go here."""
@@ -102,6 +108,19 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"the world size {world_size} is not a multiple of tensor x pipeline parallel = {tp} x {pp} = {tp * pp}; "
             f"launch a multiple of {tp * pp} processes or change parallel.tensor_model_parallel_size / "
             "parallel.pipeline_model_parallel_size.")
+    rollout, trainer = job.rollout, job.trainer
+    if rollout.max_prompt_length + rollout.max_response_length > model.max_position_embeddings:
+        raise ConfigError(
+            f"rollout.max_prompt_length + rollout.max_response_length = "
+            f"{rollout.max_prompt_length + rollout.max_response_length} exceeds model.max_position_embeddings="
+            f"{model.max_position_embeddings}; shorten them or use a model with a longer context.")
+    dp = world_size // (tp * pp)
+    optimizer_steps = trainer.train_batch_size // trainer.ppo_mini_batch_size
+    if trainer.ppo_mini_batch_size * rollout.n_samples_per_prompt < dp:
+        raise ConfigError(
+            f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x rollout.n_samples_per_prompt="
+            f"{rollout.n_samples_per_prompt} leaves some of the {dp} data-parallel ranks without a sequence in each "
+            f"of the {optimizer_steps} optimizer steps; raise trainer.ppo_mini_batch_size or use fewer ranks.")
     if par.sequence_parallel and model.transformer_impl == "local":
         raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
                           "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")

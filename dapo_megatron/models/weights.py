@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     # DDP and Float16Module keep the GPTModel under `.module`; names must not carry the prefixes.
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
@@ -40,7 +40,7 @@ def _local_params(model: torch.nn.Module, cfg: ModelConfig,
     `output_layer.weight`; megatron-core keeps the two in sync, so only the first stage's is reported.
     """
     offset = _layer_offset(cfg, layout)
-    for name, param in _unwrap(model).named_parameters():
+    for name, param in unwrap_model(model).named_parameters():
         if cfg.tie_word_embeddings and name == "output_layer.weight":
             continue
         yield hf_mapping.local_to_global_name(name, offset), param
@@ -60,7 +60,7 @@ def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tenso
                              f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})")
         param.copy_(shard)
         loaded.add(name)
-    unwrapped = _unwrap(model)
+    unwrapped = unwrap_model(model)
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
         # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
         name = "embedding.word_embeddings.weight"
@@ -120,3 +120,14 @@ def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, 
         hf_io.copy_hf_assets(tokenizer_dir, out_dir)
     (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config(), indent=2))
     return out_dir
+
+
+def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout) -> None:
+    """Initialise this rank's shard from a Hugging Face checkpoint (the path the converter takes, done in
+    memory). Every rank reads the whole checkpoint: right for small models; convert large ones once with
+    tools/convert_hf_to_megatron.py and load the torch_dist checkpoint instead."""
+    from dapo_megatron.models import hf_io
+
+    full = hf_mapping.hf_to_megatron(hf_io.load_hf_state(hf_dir), cfg, tensor_parallel_size=layout.tp_size)
+    dtype = next(unwrap_model(model).parameters()).dtype
+    load_full_state(model, {name: tensor.to(dtype) for name, tensor in full.items()}, cfg, layout)

@@ -106,10 +106,10 @@ class TensorWeightSync:
     """Pushes the policy into one or more SGLang engines (each receives every tensor)."""
 
     def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_mb: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
         self.urls = list(engine_urls)
         self.cfg, self.layout = model_cfg, layout
-        self.bucket_bytes = bucket_mb * 2**20
+        self.bucket_bytes = bucket_bytes
         self.engine_tp_size = engine_tp_size
         self.timeout_s = timeout_s
         if layout.device.type == "cpu":

@@ -155,15 +155,18 @@ class Actor:
                             forward_only=False, with_labels=False)
 
     @torch.no_grad()
-    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int) -> torch.Tensor:
+    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int, *,
+                          temperature: float | None = None) -> torch.Tensor:
         """log pi(label) under the current weights for every label position: [n, L - 1], zero outside
         `response_mask`, identical on every rank of this replica (the last stage computes it and
-        broadcasts it along the pipeline). Used for the old-policy log-probs and for sync checks."""
+        broadcasts it along the pipeline). Used for the old-policy log-probs (at the sampling
+        temperature, the default) and for sync checks (temperature 1: SGLang scores given tokens untempered)."""
         group = self.layout.tp_group if self.layout.tp_size > 1 else None
+        temperature = self.temperature if temperature is None else temperature
 
         def keep(mb: PolicyMicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             log_prob, _ = vocab_parallel_logprobs(
-                logits, mb.labels, temperature=self.temperature, vocab_size=self.vocab_size, process_group=group,
+                logits, mb.labels, temperature=temperature, vocab_size=self.vocab_size, process_group=group,
                 chunk_size=self.algo.logprob_chunk_size, compute_entropy=False)
             return log_prob.sum(), torch.ones((), dtype=torch.int), {"log_prob": log_prob * mb.loss_mask}
 

@@ -84,6 +84,7 @@ def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_
         "rollout/response_length_max": float(lengths.max()),
         "rollout/overlong_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
         "rollout/advantage_abs": float(advantages.abs().mean()),
+        "rollout/total_tokens": float(sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)),
     }
     rows = PolicyRows(tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob)
     return rows, metrics

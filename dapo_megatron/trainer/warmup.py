@@ -10,6 +10,7 @@ starting policy for RL and the rollout engine). Real megatron-core under any TP 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import sys
 import time
@@ -66,8 +67,9 @@ def greedy_accuracy(model: torch.nn.Module, problems: list[arithmetic.Problem], 
     return sum(correct) / len(correct)
 
 
-def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger) -> float:
-    """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy."""
+def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger) -> tuple[float, int]:
+    """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy
+    and the number of steps taken."""
     from dapo_megatron.trainer.optimizer import build_optimizer
 
     cfg = job.warmup
@@ -99,7 +101,7 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
             metrics.print(format_line(f"warmup step {step:4d}/{cfg.max_steps}", fields))
         if accuracy >= cfg.target_accuracy:
             break
-    return accuracy
+    return accuracy, step
 
 
 def _global_token_mean(reports: list[dict[str, Any]]) -> float:
@@ -130,13 +132,17 @@ def main(argv: list[str] | None = None) -> int:
             metrics.print(f"warm-up: {job.model.name} ({job.model.num_parameters():,} parameters), {layout.describe()}")
             model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
             started = time.time()
-            accuracy = run(job, layout, model, metrics)
+            accuracy, steps = run(job, layout, model, metrics)
             saved = checkpoint.save_model(model, out / "warmup", step=0, model_cfg=job.model, layout=layout)
             tokenizer_dir = out / "tokenizer"
             if layout.is_logging_rank:
                 char_tokenizer.save(tokenizer_dir)
             torch.distributed.barrier()
             hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", tokenizer_dir=tokenizer_dir)
+            if hf_dir is not None:
+                summary = {"greedy_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
+                           "warmup": dataclasses.asdict(job.warmup), "model": dataclasses.asdict(job.model)}
+                (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
             metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out greedy accuracy {accuracy:.2f}; "
                           f"checkpoint {saved}, Hugging Face export {hf_dir}")
     finally:

@@ -1,0 +1,349 @@
+"""Lifecycle of one SGLang server process tree: launch, health, memory release/resume, shutdown.
+
+One `SGLangEngine` is one HTTP server (on GPU: one per rollout tensor-parallel group). The trainer
+talks to it over HTTP only, so the engine runs in its own process group and never shares CUDA or
+Python state with the trainer.
+
+On CPU the server is started through `dapo_megatron.rollout.sglang_cpu` (import-time stand-ins for
+SGLang's CUDA-only dependencies) with SGLang's native-torch backends. On CUDA it is plain
+`python -m sglang.launch_server` with `--enable-memory-saver`, so that `release_memory` can free the
+weights and KV cache while megatron trains; that path cannot be exercised on the CPU CI machine.
+
+Orphans: every started engine is registered for `atexit`, and `install_sigterm_handler()` makes SIGTERM
+(what Slurm and `kill` send) shut engines down before the previous handler runs. A SIGKILLed trainer
+still leaves its servers behind; nothing inside the trainer can prevent that.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+import requests
+
+from dapo_megatron.rollout.config import RolloutConfig
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""What SGLang can release and resume separately (`sglang/srt/constants.py`)."""
+
+LOG_TAIL_LINES = 40
+_CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
+_TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
+
+
+class EngineError(RuntimeError):
+    """The SGLang engine could not start, died, or refused a control request."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free right now (another process may still take it before SGLang binds)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) == 0
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file; reads at most 256 KB from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "<no log file>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class SGLangEngine:
+    """One SGLang HTTP server started as a subprocess tree.
+
+    Args:
+        model_path: Hugging Face model directory (config, tokenizer, weights) the server loads.
+        cfg: rollout settings; uses dtype, engine_tp_size, mem_fraction_static, max_total_tokens,
+            startup_timeout_s.
+        log_file: where the server's stdout and stderr go; its tail is quoted in every EngineError.
+        host, port: where the server listens; `port=None` picks a free one.
+        device: "cpu" or "cuda".
+        base_gpu_id: first GPU of this engine's tensor-parallel group (CUDA only).
+        extra_args: further `sglang.launch_server` flags, appended verbatim.
+    """
+
+    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, log_file: str | Path,
+                 host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
+                 base_gpu_id: int = 0, extra_args: Sequence[str] = ()) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda; got {device!r}")
+        if device == "cpu" and cfg.engine_tp_size != 1:
+            # SGLang's CPU tensor parallelism needs the sgl_kernel CPU build, which the stand-ins replace.
+            raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
+        self.model_path = Path(model_path)
+        self.cfg = cfg
+        self.log_file = Path(log_file)
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.device = device
+        self.base_gpu_id = base_gpu_id
+        self.extra_args = list(extra_args)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
+        self._session = requests.Session()
+
+    # ------------------------------------------------------------------ launch
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the server's launcher (the leader of its process group)."""
+        return self._process.pid if self._process is not None else None
+
+    def command(self) -> list[str]:
+        """The server command line."""
+        common = ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
+        if self.device == "cpu":
+            dtype = "float32" if self.cfg.dtype == "auto" else self.cfg.dtype
+            return [sys.executable, "-m", "dapo_megatron.rollout.sglang_cpu", *common,
+                    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+                    "--dtype", dtype,
+                    # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
+                    "--mem-fraction-static", "0.05", "--max-total-tokens", str(self.cfg.max_total_tokens),
+                    "--disable-cuda-graph", "--skip-server-warmup", *self.extra_args]
+        return [sys.executable, "-m", "sglang.launch_server", *common,
+                "--dtype", self.cfg.dtype, "--tp-size", str(self.cfg.engine_tp_size),
+                "--base-gpu-id", str(self.base_gpu_id),
+                "--mem-fraction-static", str(self.cfg.mem_fraction_static),
+                "--enable-memory-saver", *self.extra_args]
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.device == "cpu":
+            # Intra-op threads only slow small CPU models down and compete with the trainer; users who
+            # set OMP_NUM_THREADS keep their value.
+            env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def start(self) -> SGLangEngine:
+        """Launch the server and wait until it generates; on failure kill it and raise EngineError."""
+        if self._process is not None:
+            raise EngineError(f"engine at {self.url} was already started")
+        if _port_in_use(self.host, self.port):
+            # Otherwise the health check could succeed against whatever already listens there.
+            raise EngineError(f"port {self.port} on {self.host} is already in use")
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            log.write(f"$ {' '.join(self.command())}\n".encode())
+            log.flush()
+            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self._environment(),
+                                             start_new_session=True)  # own group: killpg reaches all
+        _LIVE_ENGINES.add(self)
+        try:
+            self._wait_until_healthy()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._tree = self._snapshot_tree()
+        return self
+
+    def _wait_until_healthy(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while True:
+            code = self._process.poll() if self._process is not None else None
+            if code is not None:
+                raise self._error(f"the SGLang engine exited with code {code} while starting")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._error(f"the SGLang engine did not become healthy within "
+                                  f"{self.cfg.startup_timeout_s:g} s")
+            if self._healthy(timeout=min(remaining, 30.0)):
+                return
+            time.sleep(min(0.5, max(remaining, 0.0)))
+
+    def _healthy(self, timeout: float) -> bool:
+        # /health_generate runs a one-token generation, so 200 means the scheduler really works.
+        try:
+            return self._session.get(f"{self.url}/health_generate", timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _snapshot_tree(self) -> list[psutil.Process]:
+        try:
+            leader = psutil.Process(self._process.pid)  # type: ignore[union-attr]
+            return [leader, *leader.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    # ------------------------------------------------------------------ liveness
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise EngineError with the log tail unless the server process is running.
+
+        Call it when a request to the engine fails: "the engine died" plus its log explains far more
+        than a connection error does."""
+        if self._process is None:
+            raise EngineError(f"the SGLang engine at {self.url} is not running (not started, or shut down)")
+        code = self._process.poll()
+        if code is not None:
+            raise self._error(f"the SGLang engine died (exit code {code})")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return read_log_tail(self.log_file, lines)
+
+    def _error(self, what: str) -> EngineError:
+        return EngineError(f"{what}; {self.url}, log {self.log_file}, last lines:\n{self.log_tail()}")
+
+    # ------------------------------------------------------------------ control requests
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                 timeout: float = _CONTROL_TIMEOUT_S) -> requests.Response:
+        try:
+            response = self._session.request(method, f"{self.url}{path}", json=body, timeout=timeout)
+        except requests.RequestException as err:
+            self.check_alive()
+            raise EngineError(f"{method} {path} on the SGLang engine at {self.url} failed: {err}") from err
+        if response.status_code != 200:
+            raise EngineError(f"{method} {path} on the SGLang engine at {self.url} returned "
+                              f"HTTP {response.status_code}: {response.text[:2000]}")
+        return response
+
+    def server_info(self) -> dict[str, Any]:
+        """SGLang's resolved server arguments plus live scheduler state."""
+        return self._request("GET", "/server_info").json()
+
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Free the given parts of the engine's GPU memory (all of them by default) while megatron trains.
+
+        Needs `--enable-memory-saver` (set on CUDA); on CPU SGLang accepts the call and keeps its memory."""
+        self._request("POST", "/release_memory_occupation", {"tags": _checked_tags(tags)})
+
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Re-occupy released memory. Resume in stages to keep the peak low: `["weights"]`, then push the
+        new weights, then `["kv_cache"]` (and `["cuda_graph"]`) once the trainer's buffers are freed."""
+        self._request("POST", "/resume_memory_occupation", {"tags": _checked_tags(tags)})
+
+    def flush_cache(self, wait_s: float = 0.0) -> None:
+        """Drop the prefix (radix) cache. SGLang refuses while requests are running; with `wait_s` > 0
+        it waits up to that long for them to finish first."""
+        self._request("POST", f"/flush_cache?timeout={wait_s:g}", timeout=_CONTROL_TIMEOUT_S + wait_s)
+
+    def update_weight_version(self, version: str) -> None:
+        """Label the served weights; every later sample carries it in `weight_version`."""
+        self._request("POST", "/update_weight_version", {"new_version": version, "abort_all_requests": False})
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        """Stop the server and everything it spawned. Idempotent; safe when the server already died.
+
+        SIGTERM goes to the launcher first: it shuts down gracefully and kills its children within about
+        a second, whereas a scheduler that is signalled directly makes the launcher wait seconds for
+        crash diagnostics. Whatever is left after the grace period is SIGKILLed: the process group,
+        then every process seen in the tree when the server became healthy (in case one left the group).
+        """
+        process, self._process = self._process, None
+        _LIVE_ENGINES.discard(self)
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_TERM_GRACE_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for child in self._tree:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        process.wait()  # reap the launcher so it does not linger as a zombie
+        psutil.wait_procs(self._tree, timeout=_TERM_GRACE_S)
+        self._tree = []
+        self._session.close()
+
+    def __enter__(self) -> SGLangEngine:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"SGLangEngine({self.url}, pid={self.pid}, device={self.device})"
+
+
+def _checked_tags(tags: Sequence[str] | None) -> list[str] | None:
+    if tags is None:
+        return None
+    unknown = set(tags) - set(MEMORY_TAGS)
+    if unknown:
+        raise ValueError(f"unknown memory tags {sorted(unknown)}; choose from {MEMORY_TAGS}")
+    return list(tags)
+
+
+# ---------------------------------------------------------------------- no orphans
+
+
+class _EngineRegistry:
+    """Engines that are started and not yet shut down, for atexit and the SIGTERM handler."""
+
+    def __init__(self) -> None:
+        self._engines: set[SGLangEngine] = set()
+        self._lock = threading.Lock()
+
+    def add(self, engine: SGLangEngine) -> None:
+        with self._lock:
+            self._engines.add(engine)
+
+    def discard(self, engine: SGLangEngine) -> None:
+        with self._lock:
+            self._engines.discard(engine)
+
+    def shutdown_all(self) -> None:
+        with self._lock:
+            engines = list(self._engines)
+        for engine in engines:
+            engine.shutdown()
+
+
+_LIVE_ENGINES = _EngineRegistry()
+atexit.register(_LIVE_ENGINES.shutdown_all)
+
+
+def install_sigterm_handler() -> None:
+    """On SIGTERM, shut down every live engine, then do what the previous handler would have done.
+
+    Call once from the main thread (Python only installs signal handlers there). A previous Python
+    handler is called; with the default action the signal is re-delivered so the process still dies
+    with SIGTERM's exit status; an ignored signal stays ignored after the engines are stopped.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _LIVE_ENGINES.shutdown_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)

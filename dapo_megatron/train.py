@@ -1,0 +1,127 @@
+"""DAPO training: `python -m dapo_megatron.train [hydra overrides]` (also under torchrun and srun).
+
+One step: the driving rank generates with SGLang and keeps only informative prompt groups (dynamic
+sampling) -> shaped rewards and GRPO advantages -> every rank trains on its share, one optimizer step
+per mini-batch, with the token-level DAPO loss -> the new weights go into the engine -> metrics,
+evaluation and checkpoints.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo_megatron import config as job_config
+from dapo_megatron.config import JobConfig
+from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.metrics import MetricsLogger, format_line
+from dapo_megatron.trainer.actor import Actor, PolicyRows
+from dapo_megatron.trainer.batch import split_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dapo_megatron.distributed.launch import process_env
+    from dapo_megatron.distributed.layout import initialize, shutdown
+
+    job = job_config.load(sys.argv[1:] if argv is None else argv, world_size=process_env().world_size)
+    layout = initialize(job.parallel, job.seed)
+    try:
+        train(job, layout)
+    finally:
+        shutdown()
+    return 0
+
+
+def train(job: JobConfig, layout: ParallelLayout) -> None:
+    from dapo_megatron.trainer.setup import Session
+
+    with Session(job, layout) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
+                                                        enabled=layout.is_logging_rank) as metrics:
+        stop = StopRequest()
+        step = session.start_step
+        session.sync_weights(step)
+        if job.eval.every and step == 0:
+            metrics.log(session.evaluate(), step)
+        while step < job.trainer.total_steps and not stop.requested():
+            step += 1
+            started = time.perf_counter()
+            groups, rollout_metrics = session.collect_rollouts()          # driving rank only
+            rows, batch_metrics = session.training_batch(groups)                # rewards, advantages
+            train_metrics = update_policy(session.actor, split_rows(rows, layout.dp_size, layout.dp_rank), job)
+            sync_seconds = session.sync_weights(step)
+            step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
+            if job.eval.every and step % job.eval.every == 0:
+                step_metrics.update(session.evaluate())
+            step_metrics["timing_s/step"] = time.perf_counter() - started
+            step_metrics["throughput/tokens_per_s"] = batch_metrics["rollout/total_tokens"] / step_metrics["timing_s/step"]
+            metrics.log(step_metrics, step)
+            if layout.is_logging_rank:
+                metrics.print(console_line(step, job.trainer.total_steps, step_metrics))
+            if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
+                session.save(step)
+            if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
+                session.export_hf(step)
+        if not stop.requested():
+            session.save(step)
+        metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
+
+
+def update_policy(actor: Actor, rows: PolicyRows, job: JobConfig) -> dict[str, float]:
+    """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's rows. With more than one,
+    the later steps are off-policy, so the old log-probs are computed once before the first update;
+    with exactly one, the ratio is 1 by construction and that forward pass is skipped."""
+    started = time.perf_counter()
+    steps = job.trainer.train_batch_size // job.trainer.ppo_mini_batch_size
+    micro = job.trainer.micro_batch_size
+    if steps > 1:
+        rows.old_log_prob = actor.compute_log_probs(rows, micro)
+    totals: dict[str, float] = {}
+    for part in range(steps):
+        mini = rows.subset(slice(len(rows) * part // steps, len(rows) * (part + 1) // steps))
+        for name, value in actor.train_step(mini, micro).items():
+            totals[name] = totals.get(name, 0.0) + value / steps
+    metrics = {f"actor/{name}": value for name, value in totals.items()}
+    metrics["timing_s/train"] = time.perf_counter() - started
+    return metrics
+
+
+def console_line(step: int, total: int, m: dict[str, float]) -> str:
+    fields: dict[str, Any] = {
+        "score": m["rollout/score"], "acc": m["rollout/accuracy"],
+        "keep": m.get("dynamic_sampling/keep_ratio", 1.0), "rounds": int(m.get("dynamic_sampling/gen_rounds", 1)),
+        "resp_len": m["rollout/response_length"], "pg_loss": m["actor/pg_loss"],
+        "clipfrac": m["actor/pg_clipfrac"], "entropy": m.get("actor/entropy", 0.0),
+        "grad_norm": m["actor/grad_norm"],
+    }
+    if "eval/accuracy" in m:
+        fields["eval_acc"] = m["eval/accuracy"]
+    fields["t"] = f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} train {m['timing_s/train']:.1f} " \
+                  f"sync {m['timing_s/sync']:.1f})"
+    return format_line(f"step {step}/{total}", fields)
+
+
+class StopRequest:
+    """SIGTERM or SIGUSR1 (Slurm's warning before the time limit) asks for a checkpoint and a clean exit at
+    the next step boundary; every rank agrees before anyone acts, so no collective is left half done."""
+
+    def __init__(self) -> None:
+        self._flag = False
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._set)
+
+    def _set(self, signum: int, frame: Any) -> None:
+        self._flag = True
+
+    def requested(self) -> bool:
+        flag = torch.tensor([int(self._flag)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

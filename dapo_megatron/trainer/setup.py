@@ -1,0 +1,220 @@
+"""Everything one training job holds, built once: policy, optimizer, rollout engine, rewards, prompts.
+
+The driving rank (global rank 0) owns the SGLang engine, the rollout client, the reward workers and the
+prompt stream; every rank owns its shard of the policy. `Session` gives the driver loop the handful of
+operations it needs and hides which rank does what.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dapo_megatron import checkpoint
+from dapo_megatron.config import JobConfig
+from dapo_megatron.data.tokenizer import load_tokenizer
+from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.models.qwen2 import build_gpt_model
+from dapo_megatron.models.weights import export_hf, load_hf_weights
+from dapo_megatron.rollout.weight_sync import TensorWeightSync, check_sync
+from dapo_megatron.trainer.actor import Actor, PolicyRows
+from dapo_megatron.trainer.batch import ScoredGroup, build_rows
+from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
+from dapo_megatron.trainer.prompts import ShuffledPrompts, arithmetic_prompts
+from dapo_megatron.trainer.rollout import Prompt, RolloutManager
+
+PROBE_PROMPTS = 4
+PROBE_CONTINUATION = "Answer: 12"
+"""Teacher-forced after a few eval prompts to compare engine and trainer log-probs after a sync."""
+
+
+class Session:
+    def __init__(self, job: JobConfig, layout: ParallelLayout) -> None:
+        self.job, self.layout = job, layout
+        self.out = Path(job.output_dir)
+        if not job.model.hf_dir:
+            raise ValueError("model.hf_dir is required: the Hugging Face directory with the tokenizer (and the "
+                             "initial weights unless trainer.load is set); the demo builds one with "
+                             "tools/make_demo_base.py")
+        self.tokenizer = load_tokenizer(job.model.hf_dir)
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.stop_token_ids = [self.tokenizer.eos_token_id]
+
+        self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
+        optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model)
+        self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
+                           temperature=job.rollout.temperature)
+        self.engine = self.client = self.rewards = self.rollouts = None
+        self.eval_prompts: list[Prompt] = []
+        self.start_step = self._load_initial_state()
+        self._last_check = -1
+
+    # ------------------------------------------------------------------ set-up
+
+    def __enter__(self) -> Session:
+        if self.layout.is_logging_rank:
+            self._start_rollout_side()
+        urls = [self.engine.url if self.engine is not None else ""]
+        torch.distributed.broadcast_object_list(urls, src=0)
+        self.sync = TensorWeightSync(urls, self.job.model, self.layout, bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20,
+                                     engine_tp_size=self.job.rollout.engine_tp_size,
+                                     timeout_s=self.job.rollout.request_timeout_s)
+        self.probe = self._probe_rows()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for resource in (self.client, self.rewards, self.engine):
+            if resource is not None:
+                (resource.shutdown if hasattr(resource, "shutdown") else resource.close)()
+
+    def _start_rollout_side(self) -> None:
+        from dapo_megatron.rewards.pool import RewardPool
+        from dapo_megatron.rollout.client import RolloutClient
+        from dapo_megatron.rollout.engine import SGLangEngine
+
+        job = self.job
+        rollout = job.rollout
+        if rollout.dtype == "auto":
+            rollout = dataclasses.replace(rollout, dtype=job.model.params_dtype)
+        log_dir = Path(rollout.log_dir or self.out / "logs")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.engine = SGLangEngine(job.model.hf_dir, rollout, log_file=log_dir / "sglang_engine.log")
+        self.engine.start()
+        self.client = RolloutClient(self.engine.url, rollout, on_error=self.engine.check_alive)
+        self.rewards = RewardPool(job.reward)
+        encode = self._encode
+        train = ShuffledPrompts(arithmetic_prompts("rl", encode, seed=job.seed), seed=job.seed)
+        self.eval_prompts = arithmetic_prompts("eval", encode, seed=job.seed)[:job.eval.num_problems]
+        if self._prompt_state is not None:
+            train.load_state_dict(self._prompt_state)
+        self.rollouts = RolloutManager(self.client, self.rewards, train, rollout=rollout, trainer=job.trainer,
+                                       decode=self._decode, stop_token_ids=self.stop_token_ids, progress=False)
+        self.rollouts.carry = self._carry
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _load_initial_state(self) -> int:
+        """Resume from the latest checkpoint, else start from trainer.load or the HF weights. Returns the step."""
+        self._prompt_state, self._carry = None, []
+        resume, root = self.job.trainer.resume, self.out / "checkpoints"
+        path = None
+        if resume == "auto" and (root / checkpoint.TRACKER_FILE).exists():
+            path = root
+        elif resume not in ("auto", "never"):
+            path = Path(resume)
+        if path is not None:
+            directory = checkpoint.load_model(self.model, path)
+            rank_state, shared = checkpoint.load_training_state(directory, self.layout)
+            self.actor.optimizer.load_state_dict(rank_state["optimizer"])
+            self.actor.scheduler.load_state_dict(rank_state["scheduler"])
+            _set_rng_state(rank_state["rng"])
+            self._prompt_state, self._carry = shared["prompts"], shared["carry"]
+            return shared["step"]
+        if self.job.trainer.load:
+            checkpoint.load_model(self.model, self.job.trainer.load)
+        else:
+            load_hf_weights(self.model, self.job.model.hf_dir, self.job.model, self.layout)
+        return 0
+
+    def _probe_rows(self) -> PolicyRows:
+        prompts = [self._encode(p) for p in ("Solve: 1+2=? ", "Solve: 40+2=? ", "Solve: 7+35=? ", "Solve: 99+0=? ")]
+        if self.layout.is_logging_rank and self.eval_prompts:
+            prompts = [p.ids for p in self.eval_prompts[:PROBE_PROMPTS]]
+        objects = [prompts]
+        torch.distributed.broadcast_object_list(objects, src=0)
+        prompts = objects[0]
+        continuation = self._encode(PROBE_CONTINUATION)
+        width = max(len(p) for p in prompts) + len(continuation)
+        tokens = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width - 1)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :len(prompt) + len(continuation)] = torch.tensor(prompt + continuation)
+            mask[row, len(prompt) - 1:len(prompt) - 1 + len(continuation)] = 1.0
+        self._probe_prompts = prompts
+        return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.zeros(len(prompts)))
+
+    # ------------------------------------------------------------------ what the loop calls
+
+    def training_batch(self, groups: list[ScoredGroup] | None) -> tuple[PolicyRows, dict[str, float]]:
+        """Rewards, advantages and token tensors built on the driving rank, handed to every rank."""
+        objects: list[Any] = [None]
+        if self.layout.is_logging_rank:
+            objects = [build_rows(groups, self.job.algo, max_response_length=self.job.rollout.max_response_length,
+                                  pad_token_id=self.pad_token_id)]
+        torch.distributed.broadcast_object_list(objects, src=0)
+        return objects[0]
+
+    def collect_rollouts(self) -> tuple[Any, dict[str, float]]:
+        if not self.layout.is_logging_rank:
+            return None, {}
+        return self.rollouts.collect()
+
+    def sync_weights(self, step: int) -> float:
+        """Push the weights as version `step-N`; check them against the trainer when due. Collective."""
+        started = time.perf_counter()
+        version = f"step-{step}"
+        self.sync.sync(self.model, version)
+        mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
+        if mode == "always" or (mode == "first" and (self._last_check < 0 or step - self._last_check >= every)):
+            self._check(version)
+            self._last_check = step
+        return time.perf_counter() - started
+
+    def _check(self, version: str) -> None:
+        # SGLang scores given tokens untempered, so compare at temperature 1.
+        trainer = self.actor.compute_log_probs(self.probe, self.job.trainer.micro_batch_size, temperature=1.0)
+        if not self.layout.is_logging_rank:
+            return
+        continuation = self._encode(PROBE_CONTINUATION)
+        engine = torch.zeros_like(trainer)
+        values = self.client.teacher_forced_log_probs([p + continuation for p in self._probe_prompts],
+                                                      [len(p) for p in self._probe_prompts])
+        for row, (prompt, row_values) in enumerate(zip(self._probe_prompts, values, strict=True)):
+            engine[row, len(prompt) - 1:len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
+        check_sync(trainer, engine, self.probe.response_mask, tolerance=self.job.rollout.sync_check_tolerance,
+                   version=version)
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.layout.is_logging_rank:
+            return {}
+        from dapo_megatron.trainer.evaluate import evaluate
+
+        return evaluate(self.client, self.eval_prompts, self.rewards, self.job.eval, decode=self._decode,
+                        max_new_tokens=self.job.eval.max_response_length or self.job.rollout.max_response_length,
+                        stop_token_ids=self.stop_token_ids)
+
+    def save(self, step: int) -> Path:
+        rank_state = {"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
+                      "rng": _rng_state()}
+        shared = None
+        if self.layout.is_logging_rank:
+            shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "carry": self.rollouts.carry}
+        return checkpoint.save_model(self.model, self.out / "checkpoints", step, self.job.model, self.layout,
+                                     rank_state=rank_state, shared_state=shared)
+
+    def export_hf(self, step: int) -> None:
+        export_hf(self.model, self.job.model, self.layout, self.out / "hf" / f"step_{step:07d}",
+                  tokenizer_dir=self.job.model.hf_dir)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,157 @@
+"""SGLangEngine against a real SGLang server on CPU: start, health, memory release/resume, death
+detection, failed and slow starts, and shutdown leaving no processes, also when the trainer gets SIGTERM.
+
+At most one server runs at a time: the module's shared engine is killed (by the death test) before
+the SIGTERM test starts its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from dapo_megatron.data import char_tokenizer
+from dapo_megatron.rollout.client import RolloutClient, RolloutError
+from dapo_megatron.rollout.engine import EngineError, SGLangEngine, free_port, read_log_tail
+from tests.conftest import REPO
+from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
+
+pytestmark = pytest.mark.sglang
+
+PROMPT = char_tokenizer.encode("The quick brown fox")
+
+
+def greedy(engine: SGLangEngine, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with RolloutClient(engine.url, engine.cfg) as client:
+        [(_, [sample])] = list(client.stream_groups([("greedy", prompt)], n=1, temperature=0.0,
+                                                    max_new_tokens=max_new_tokens, ignore_eos=True))
+    return sample.output_ids
+
+
+def processes_with_argument(text: str) -> list[psutil.Process]:
+    """Running processes whose command line mentions `text` (e.g. a unique path or port)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if text in " ".join(process.info["cmdline"] or []) and alive(process):
+            found.append(process)
+    return found
+
+
+def test_started_engine_is_healthy_and_generates_hf_greedy(engine: SGLangEngine,
+                                                           hf_model: torch.nn.Module) -> None:
+    assert engine.is_alive()
+    engine.check_alive()
+    assert len(process_tree(engine.pid)) >= 3  # launcher, scheduler, detokenizer
+    assert Path(engine.server_info()["model_path"]) == engine.model_path
+    assert greedy(engine, PROMPT, 24) == hf_greedy(hf_model, PROMPT, 24)
+
+
+def test_release_and_staged_resume_keep_generation_correct(engine: SGLangEngine,
+                                                           hf_model: torch.nn.Module) -> None:
+    engine.release_memory()
+    engine.resume_memory(["weights"])
+    engine.resume_memory(["kv_cache"])
+    engine.resume_memory(["cuda_graph"])
+    assert greedy(engine, PROMPT, 24) == hf_greedy(hf_model, PROMPT, 24)
+    with pytest.raises(ValueError, match="unknown memory tags"):
+        engine.release_memory(["optimizer"])
+
+
+def test_flush_cache_and_weight_version_label_later_samples(engine: SGLangEngine) -> None:
+    engine.flush_cache()
+    engine.update_weight_version("step-7")
+    with RolloutClient(engine.url, engine.cfg) as client:
+        [(_, samples)] = list(client.stream_groups([("p", PROMPT)], n=2, max_new_tokens=4))
+    assert [s.weight_version for s in samples] == ["step-7", "step-7"]
+
+
+def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngine) -> None:
+    tree = process_tree(engine.pid)
+    assert len(tree) >= 3
+    os.kill(engine.pid, signal.SIGKILL)  # the launcher; its scheduler and detokenizer are orphaned
+    deadline = time.monotonic() + 10
+    while engine.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(EngineError, match="died") as info:
+        engine.check_alive()
+    assert read_log_tail(engine.log_file, 3) in str(info.value)
+    # A client whose request fails asks the engine, and reports its death instead of a refused connection.
+    client = RolloutClient(engine.url, engine.cfg, on_error=engine.check_alive)
+    with pytest.raises(EngineError, match="died") as info:
+        list(client.stream_groups([("p", PROMPT)], n=1, max_new_tokens=4))
+    assert isinstance(info.value.__cause__, RolloutError)
+    engine.shutdown()
+    assert [p.pid for p in tree if alive(p)] == []
+    engine.shutdown()  # idempotent; the fixture calls it once more
+
+
+def test_bad_model_path_fails_fast_with_log_tail(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    engine = SGLangEngine(missing, engine_config(startup_timeout_s=120.0), log_file=tmp_path / "engine.log")
+    with pytest.raises(EngineError, match="exited with code") as info:
+        engine.start()
+    assert "last lines" in str(info.value)
+    assert str(missing) in str(info.value).split("last lines", 1)[1]  # SGLang's own complaint
+    assert not engine.is_alive()
+    assert processes_with_argument(str(missing)) == []
+
+
+def test_startup_timeout_kills_the_half_started_server(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = engine_config(startup_timeout_s=3.0)
+    engine = SGLangEngine(tiny_model_dir, cfg, log_file=tmp_path / "engine.log")
+    with pytest.raises(EngineError, match="did not become healthy within 3 s"):
+        engine.start()
+    assert processes_with_argument(f"--port {engine.port}") == []
+
+
+def test_port_in_use_is_refused_before_launch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        engine = SGLangEngine(tiny_model_dir, engine_config(), log_file=tmp_path / "engine.log",
+                              port=sock.getsockname()[1])
+        with pytest.raises(EngineError, match="already in use"):
+            engine.start()
+    assert engine.pid is None
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    from dapo_megatron.rollout.config import RolloutConfig
+    from dapo_megatron.rollout.engine import SGLangEngine, install_sigterm_handler
+
+    install_sigterm_handler()
+    cfg = RolloutConfig(dtype="float32", max_total_tokens=4096, startup_timeout_s=180.0)
+    engine = SGLangEngine(sys.argv[1], cfg, log_file=sys.argv[2], port=int(sys.argv[3])).start()
+    print(engine.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_shutdown_on_sigterm_to_the_trainer_leaves_no_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    args = [str(tiny_model_dir), str(tmp_path / "engine.log"), str(port)]
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, *args], cwd=REPO, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        server_pid = int(trainer.stdout.readline())  # type: ignore[union-attr]
+        tree = process_tree(server_pid)
+        assert len(tree) >= 3
+        trainer.send_signal(signal.SIGTERM)
+        # The handler shuts the engine down, then re-delivers SIGTERM, so the trainer still dies of it.
+        assert trainer.wait(timeout=60) == -signal.SIGTERM
+        assert [p.pid for p in tree if alive(p)] == []
+    finally:
+        trainer.kill()
+        trainer.wait()
+        for process in processes_with_argument(f"--port {port}"):  # only if the test failed
+            process.kill()
