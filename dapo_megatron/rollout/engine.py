@@ -43,6 +43,10 @@ _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; gene
 _TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
 
 
+_LAUNCHER_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"})
+
+
 class EngineError(RuntimeError):
     """The SGLang engine could not start, died, or refused a control request."""
 
@@ -134,7 +138,9 @@ class SGLangEngine:
                 "--enable-memory-saver", *self.extra_args]
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # The trainer runs under torchrun / srun; SGLang initialises torch.distributed from the same
+        # variables and would wait forever for the trainer's world size worth of ranks.
+        env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         if self.device == "cpu":
             # Intra-op threads only slow small CPU models down and compete with the trainer; users who
             # set OMP_NUM_THREADS keep their value.
