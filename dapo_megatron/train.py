@@ -46,7 +46,10 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
         step = session.start_step
         session.sync_weights(step)
         if job.eval.every and step == 0:
-            metrics.log(session.evaluate(), step)
+            before = session.evaluate()
+            metrics.log(before, step)
+            if layout.is_logging_rank:
+                metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()

@@ -51,7 +51,7 @@ class WarmupConfig:
     target_accuracy: float = 0.15
     """Stop once greedy held-out accuracy reaches this. Accuracy rises steeply once it starts, so a
     measured stopping point gives RL the same starting difficulty on every machine and seed."""
-    eval_every: int = 50
+    eval_every: int = 10
     eval_size: int = 200
     max_new_tokens: int = 12
 
