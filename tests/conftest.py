@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -30,3 +31,31 @@ def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300) -
         pytest.fail(f"torchrun {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
                     f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def tiny_qwen2(out_dir: Path, *, vocab_size: int, num_layers: int, tied: bool = False, max_positions: int = 128,
+               seed: int = 0, **config: object) -> torch.nn.Module:
+    """A small random transformers Qwen2 (GQA 4/2, QKV bias) saved to `out_dir`. HF initialises biases and
+    norms to constants; they are randomised so that a mix-up of them shows in the outputs."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        tie_word_embeddings=tied, **config)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(out_dir)
+    return model
+
+
+def assert_import_is_light(module: str, heavy: tuple[str, ...]) -> None:
+    """Importing `module` in a fresh interpreter loads none of the `heavy` top-level packages."""
+    code = (f"import sys, {module}\n"
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})\n"
+            "print(bad)\nsys.exit(1 if bad else 0)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, f"importing {module} loaded {result.stdout.strip()} {result.stderr[-2000:]}"

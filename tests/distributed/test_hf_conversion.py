@@ -12,26 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, torchrun
+from tests.conftest import REPO, tiny_qwen2, torchrun
 
 WORKER = Path(__file__).with_name("checkpoint_logits_worker.py")
 pytestmark = pytest.mark.distributed
 
 
 def tiny_hf_model(out_dir: Path, *, tied: bool, vocab_size: int) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():  # HF initialises biases and norms to constants; randomise so mix-ups show
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-    model.save_pretrained(out_dir)
-    return model
+    return tiny_qwen2(out_dir, vocab_size=vocab_size, num_layers=4, tied=tied, rope_theta=10000.0, rms_norm_eps=1e-6)
 
 
 def run_tool(name: str, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ import torch
 
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
+from tests.conftest import tiny_qwen2
 
 # Long enough for generations that are still running when a test aborts them (a few thousand tokens
 # take several seconds on two cores) while the KV cache stays a few MB.
@@ -22,22 +23,12 @@ MAX_POSITIONS = 4096
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Qwen2 whose logits are far from uniform, so that a misaligned or mis-tempered
     log-prob cannot pass a 1e-4 comparison by accident."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from dapo_megatron.data import char_tokenizer
 
     out = tmp_path_factory.mktemp("tiny-qwen2")
     char_tokenizer.save(out)
-    torch.manual_seed(1234)
-    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
-                         eos_token_id=1, pad_token_id=0, tie_word_embeddings=False, initializer_range=0.1)
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():  # HF initialises biases and norms to constants; randomise so mix-ups show
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-    model.save_pretrained(out)
+    tiny_qwen2(out, vocab_size=128, num_layers=2, max_positions=MAX_POSITIONS, seed=1234, eos_token_id=1,
+               pad_token_id=0, initializer_range=0.1)
     return out
 
 

@@ -2,9 +2,6 @@
 
 import dataclasses
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +16,7 @@ from dapo_megatron.algo.loss import (
     rollout_mismatch_metrics,
     truncated_is_weights,
 )
+from tests.conftest import assert_import_is_light
 
 # (advantage, ratio, expected per-token loss, pg_clipfrac, upper_bound, lower_bound, dual fired)
 # eps_low 0.2, eps_high 0.28, c 10; computed by hand from the DAPO/verl definition.
@@ -449,15 +447,4 @@ def test_config_works_as_omegaconf_structured_config() -> None:
 
 
 def test_importing_algo_does_not_pull_heavy_frameworks() -> None:
-    code = (
-        "import sys, dapo_megatron.algo\n"
-        "heavy = ('megatron', 'transformers', 'sglang', 'omegaconf', 'hydra')\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
-        "print(bad)\n"
-        "sys.exit(1 if bad else 0)\n"
-    )
-    repo_root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo_root
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_import_is_light("dapo_megatron.algo", ("megatron", "transformers", "sglang", "omegaconf", "hydra"))

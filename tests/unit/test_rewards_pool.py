@@ -3,16 +3,14 @@
 import dataclasses
 import multiprocessing
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardItem, RewardPool, RewardResult, status_counts
 from dapo_megatron.rewards.registry import score_math_dapo, score_sample, scorer_name_for
+from tests.conftest import assert_import_is_light
 
 TIMEOUT_S = 1.0
 SLACK_S = 3.0  # worker replacement and scheduling on a busy 2-core machine
@@ -199,16 +197,5 @@ def test_config_works_as_omegaconf_structured_config() -> None:
 
 def test_importing_rewards_stays_light() -> None:
     # sympy is imported lazily by the symbolic check; the rest must never load at all.
-    code = (
-        "import sys\n"
-        "import dapo_megatron.rewards\n"
-        "heavy = ('sympy', 'mpmath', 'megatron', 'transformers', 'sglang', 'omegaconf', 'hydra', 'math_verify')\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
-        "print(bad)\n"
-        "sys.exit(1 if bad else 0)\n"
-    )
-    repo_root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=repo_root
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_import_is_light("dapo_megatron.rewards", ("sympy", "mpmath", "megatron", "transformers", "sglang",
+                                                      "omegaconf", "hydra", "math_verify"))
