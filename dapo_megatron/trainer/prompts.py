@@ -1,53 +1,59 @@
-"""Where the driver's prompts come from: token ids, ground truth and data source, in a resumable order."""
+"""Where the driver's prompts come from: data files (`data.train_files`), or the demo's arithmetic task."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from dapo_megatron.data import arithmetic
+from dapo_megatron.data.datasets import PromptDataset, PromptExample, PromptTokenizer, dataset_from_config
 from dapo_megatron.trainer.rollout import Prompt
 
 
-class ShuffledPrompts:
-    """An endless stream over `prompts`, reshuffled (seeded) every epoch; its position is checkpointed."""
+class DatasetPrompts:
+    """An endless, resumable stream of `Prompt`s over a `PromptDataset` (seeded reshuffle every epoch)."""
 
-    def __init__(self, prompts: Sequence[Prompt], *, seed: int, shuffle: bool = True) -> None:
-        if not prompts:
-            raise ValueError("no training prompts: check data.train_files")
-        self.prompts, self.seed, self.shuffle = list(prompts), seed, shuffle
-        self.epoch, self.index = 0, 0
-        self._order = self._epoch_order()
+    def __init__(self, dataset: PromptDataset) -> None:
+        self.dataset = dataset
 
-    def _epoch_order(self) -> list[int]:
-        order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
-
-    def __iter__(self) -> ShuffledPrompts:
+    def __iter__(self) -> DatasetPrompts:
         return self
 
     def __next__(self) -> Prompt:
-        if self.index == len(self._order):
-            self.epoch, self.index = self.epoch + 1, 0
-            self._order = self._epoch_order()
-        self.index += 1
-        return self.prompts[self._order[self.index - 1]]
+        return to_prompt(self.dataset.next_batch(1)[0])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "size": len(self.prompts)}
+        return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["size"] != len(self.prompts) or state["seed"] != self.seed:
-            raise ValueError(f"the checkpoint's prompt stream had {state['size']} prompts and seed {state['seed']}; "
-                             f"this run has {len(self.prompts)} and {self.seed}: the data changed since it was saved")
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._order = self._epoch_order()
+        self.dataset.load_state_dict(state)
 
 
-def arithmetic_prompts(split: str, encode: Callable[[str], list[int]], *, seed: int) -> list[Prompt]:
-    """The demo task's problems, scored by DAPO's scorer (`Answer: <sum>`)."""
-    return [Prompt(uid=f"arithmetic-{split}-{i}", ids=encode(p.prompt), ground_truth=p.answer, data_source="math_dapo")
-            for i, p in enumerate(arithmetic.problems(split, seed=seed))]
+def to_prompt(example: PromptExample) -> Prompt:
+    assert example.prompt_ids is not None, "tokenize the data set first"
+    return Prompt(uid=example.uid, ids=list(example.prompt_ids), ground_truth=example.ground_truth,
+                  data_source=example.data_source)
+
+
+def arithmetic_dataset(split: str, tokenizer: PromptTokenizer, *, seed: int, shuffle: bool) -> PromptDataset:
+    """The demo task as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are raw text."""
+    examples = [PromptExample(uid=f"arithmetic-{split}-{i}", prompt=p.prompt, ground_truth=p.answer,
+                              data_source="math_dapo", messages=({"role": "user", "content": p.prompt},),
+                              origin=f"arithmetic {split} #{i}",
+                              prompt_ids=tuple(tokenizer.encode(p.prompt, add_special_tokens=False)))
+                for i, p in enumerate(arithmetic.problems(split, seed=seed))]
+    return PromptDataset(examples, shuffle=shuffle, seed=seed)
+
+
+def build_prompt_sources(job: Any, tokenizer: PromptTokenizer) -> tuple[DatasetPrompts, list[Prompt]]:
+    """(training stream, evaluation problems) from `data.train_files` / `data.eval_files`, or the demo task
+    when no files are given."""
+    limit = job.rollout.max_prompt_length
+    if job.data.train_files:
+        train = dataset_from_config(job.data, "train", tokenizer, max_prompt_length=limit)
+    else:
+        train = arithmetic_dataset("rl", tokenizer, seed=job.seed, shuffle=job.data.shuffle)
+    if job.data.eval_files:
+        evaluation = dataset_from_config(job.data, "eval", tokenizer, max_prompt_length=limit)
+    else:
+        evaluation = arithmetic_dataset("eval", tokenizer, seed=job.seed, shuffle=False)
+    return DatasetPrompts(train), [to_prompt(e) for e in evaluation.take(job.eval.num_problems)]

@@ -26,7 +26,7 @@ from dapo_megatron.rollout.weight_sync import TensorWeightSync, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
-from dapo_megatron.trainer.prompts import ShuffledPrompts, arithmetic_prompts
+from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import Prompt, RolloutManager
 
 PROBE_PROMPTS = 4
@@ -88,9 +88,7 @@ class Session:
         self.engine.start()
         self.client = RolloutClient(self.engine.url, rollout, on_error=self.engine.check_alive)
         self.rewards = RewardPool(job.reward)
-        encode = self._encode
-        train = ShuffledPrompts(arithmetic_prompts("rl", encode, seed=job.seed), seed=job.seed)
-        self.eval_prompts = arithmetic_prompts("eval", encode, seed=job.seed)[:job.eval.num_problems]
+        train, self.eval_prompts = build_prompt_sources(job, self.tokenizer)
         if self._prompt_state is not None:
             train.load_state_dict(self._prompt_state)
         self.rollouts = RolloutManager(self.client, self.rewards, train, rollout=rollout, trainer=job.trainer,

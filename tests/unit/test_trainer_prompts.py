@@ -1,0 +1,40 @@
+"""The driver's prompt sources: the demo task by default, data files when configured; resumable order."""
+
+from __future__ import annotations
+
+import pytest
+
+from dapo_megatron import config as C
+from dapo_megatron.data import char_tokenizer
+from dapo_megatron.trainer.prompts import build_prompt_sources
+from tests.conftest import SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return char_tokenizer.build()
+
+
+def test_demo_task_by_default_and_resumable(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    job = C.load(["experiment=demo"])
+    train, evaluation = build_prompt_sources(job, tokenizer)
+    assert len(evaluation) == job.eval.num_problems
+    first = next(train)
+    assert first.ids == char_tokenizer.encode(tokenizer.decode(first.ids))  # spaces survive tokenization
+    assert first.data_source == "math_dapo" and int(first.ground_truth) >= 0
+    state = train.state_dict()
+    ahead = [next(train).uid for _ in range(5)]
+    train.load_state_dict(state)
+    assert [next(train).uid for _ in range(5)] == ahead
+
+
+@pytest.mark.skipif(not SHARED_DATA.exists(), reason="needs ../shared/data next to the repository")
+def test_data_files_replace_the_demo_task(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    job = C.load(["experiment=demo", f"data.train_files=[{SHARED_DATA / 'dapo_math_17k_sample27.jsonl'}]",
+                  f"data.eval_files=[{SHARED_DATA / 'aime-2024.dapo.parquet'}]", "rollout.max_prompt_length=300",
+                  "model.max_position_embeddings=512"])
+    train, evaluation = build_prompt_sources(job, tokenizer)
+    assert len(evaluation) == 30  # 960 rows, 32 copies of each AIME problem, de-duplicated
+    seen = {next(train).uid for _ in range(27)}
+    assert len(seen) == 27  # one epoch covers the 27 DAPO-Math rows once
+    assert all(len(next(train).ids) <= 300 for _ in range(27))  # left-truncated to the prompt limit
