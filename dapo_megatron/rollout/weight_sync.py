@@ -152,22 +152,32 @@ class TensorWeightSync:
                          buckets=sent_buckets)
 
     def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
-        payload = flatten_bucket(bucket)
-        # The engine slices its own TP shard from the full tensors: the same payload for every rank.
-        serialized = [serialize(payload)] * self.engine_tp_size
-        self._post_all("/update_weights_from_tensor", {
-            "serialized_named_tensors": serialized, "load_format": "flattened_bucket",
-            "flush_cache": True, "weight_version": version})
-        del payload  # the engine has copied it; release the shared buffer now
+        push_bucket(self.urls, bucket, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s)
 
     def _post_all(self, path: str, body: dict[str, Any]) -> None:
-        for url in self.urls:
-            try:
-                response = requests.post(url + path, json=body, timeout=self.timeout_s)
-            except requests.RequestException as failure:
-                raise WeightSyncError(f"POST {url}{path} failed: {failure}; is the engine alive?") from failure
-            if response.status_code != 200:
-                raise WeightSyncError(f"POST {url}{path} answered {response.status_code}: {response.text[:500]}")
+        post_all(self.urls, path, body, timeout_s=self.timeout_s)
+
+
+def push_bucket(urls: Sequence[str], bucket: Sequence[tuple[str, torch.Tensor]], *, version: str,
+                engine_tp_size: int, timeout_s: float) -> None:
+    """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session)."""
+    payload = flatten_bucket(bucket)
+    # The engine slices its own TP shard from the full tensors: the same payload for every rank.
+    serialized = [serialize(payload)] * engine_tp_size
+    post_all(urls, "/update_weights_from_tensor", {
+        "serialized_named_tensors": serialized, "load_format": "flattened_bucket", "flush_cache": True,
+        "weight_version": version}, timeout_s=timeout_s)
+    del payload  # the engines have copied it: release the shared buffer now
+
+
+def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s: float) -> None:
+    for url in urls:
+        try:
+            response = requests.post(url + path, json=body, timeout=timeout_s)
+        except requests.RequestException as failure:
+            raise WeightSyncError(f"POST {url}{path} failed: {failure}; is the engine alive?") from failure
+        if response.status_code != 200:
+            raise WeightSyncError(f"POST {url}{path} answered {response.status_code}: {response.text[:500]}")
 
 
 def check_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, mask: torch.Tensor, *,

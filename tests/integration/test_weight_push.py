@@ -1,0 +1,64 @@
+"""The weight-push protocol against a real SGLang engine, and the check that catches ignored names.
+
+SGLang answers `success: true` for tensor names it does not know and keeps its old weights (for Qwen2:
+fused names such as `qkv_proj`). Only comparing log-probs exposes that, which is what `check_sync` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo_megatron.rollout.client import RolloutClient
+from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.weight_sync import WeightSyncError, buckets, check_sync, post_all, push_bucket
+from tests.conftest import tiny_qwen2
+from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_log_probs
+
+pytestmark = pytest.mark.sglang
+SEQUENCES = [[40, 41, 42, 43, 44, 45, 46, 47], [50, 60, 70, 80, 90, 100, 110, 120]]
+PROMPT = 3
+
+
+@pytest.fixture(scope="module")
+def new_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
+    """Other random weights with the engine model's shapes."""
+    return tiny_qwen2(tmp_path_factory.mktemp("new-weights"), vocab_size=128, num_layers=2,
+                      max_positions=MAX_POSITIONS, seed=99, eos_token_id=1, pad_token_id=0, initializer_range=0.1)
+
+
+def push(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], version: str) -> None:
+    post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)
+    for bucket in buckets(named, max_bytes=64 * 1024):  # several buckets
+        push_bucket([engine.url], bucket, version=version, engine_tp_size=1, timeout_s=60)
+    post_all([engine.url], "/end_weight_update", {}, timeout_s=60)
+
+
+def engine_and_expected(engine: SGLangEngine, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    client = RolloutClient(engine.url, engine_config())
+    got = torch.tensor(client.teacher_forced_log_probs(SEQUENCES, [PROMPT] * len(SEQUENCES)))
+    want = torch.tensor([hf_log_probs(model, s[:PROMPT], s[PROMPT:]) for s in SEQUENCES])
+    client.close()
+    return got, want
+
+
+def test_pushed_weights_serve_and_pass_the_check(engine: SGLangEngine, new_model: torch.nn.Module) -> None:
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    push(engine, list(new_model.state_dict().items()), "pushed-1")
+    got, want = engine_and_expected(engine, new_model)
+    assert check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version="pushed-1") < 1e-4
+
+
+def test_unknown_names_are_accepted_but_caught_by_the_check(tiny_model_dir: Path, tmp_path: Path,
+                                                            new_model: torch.nn.Module) -> None:
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    with SGLangEngine(tiny_model_dir, engine_config(), log_file=tmp_path / "engine.log") as engine:
+        fused = []  # what a naive sync might send: Megatron-style fused projections under HF-like names
+        for name, tensor in new_model.state_dict().items():
+            fused.append((name.replace("q_proj", "qkv_proj").replace("gate_proj", "gate_up_proj"), tensor))
+        push(engine, fused, "fused-1")  # SGLang reports success ...
+        got, want = engine_and_expected(engine, new_model)
+    with pytest.raises(WeightSyncError, match="a weight was not loaded"):  # ... but the weights did not change
+        check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version="fused-1")
