@@ -11,9 +11,11 @@ makes the result independent of the DP size and the micro-batch split.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dapo_megatron.algo.config import AlgoConfig
@@ -183,6 +185,16 @@ class Actor:
             torch.distributed.broadcast(out, src=self.layout.pp_last_rank, group=self.layout.pp_group)
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's optimizer, LR schedule and RNG states: with the model, an exact resume point."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+
     def train_step(self, rows: PolicyRows, micro_batch_size: int) -> dict[str, float]:
         """One optimizer step on `rows` (this rank's share of the batch)."""
         reports = self.backward(rows, micro_batch_size)
@@ -194,3 +206,16 @@ class Actor:
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])

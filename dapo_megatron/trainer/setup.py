@@ -8,12 +8,10 @@ operations it needs and hides which rank does what.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dapo_megatron import checkpoint
@@ -113,9 +111,7 @@ class Session:
         if path is not None:
             directory = checkpoint.load_model(self.model, path)
             rank_state, shared = checkpoint.load_training_state(directory, self.layout)
-            self.actor.optimizer.load_state_dict(rank_state["optimizer"])
-            self.actor.scheduler.load_state_dict(rank_state["scheduler"])
-            _set_rng_state(rank_state["rng"])
+            self.actor.load_state_dict(rank_state)
             self._prompt_state, self._carry = shared["prompts"], shared["carry"]
             return shared["step"]
         if self.job.trainer.load:
@@ -192,8 +188,7 @@ class Session:
                         stop_token_ids=self.stop_token_ids)
 
     def save(self, step: int) -> Path:
-        rank_state = {"optimizer": self.actor.optimizer.state_dict(), "scheduler": self.actor.scheduler.state_dict(),
-                      "rng": _rng_state()}
+        rank_state = self.actor.state_dict()
         shared = None
         if self.layout.is_logging_rank:
             shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "carry": self.rollouts.carry}
@@ -204,15 +199,3 @@ class Session:
         export_hf(self.model, self.job.model, self.layout, self.out / "hf" / f"step_{step:07d}",
                   tokenizer_dir=self.job.model.hf_dir)
 
-
-def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
