@@ -55,6 +55,7 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
             started = time.perf_counter()
             groups, rollout_metrics = session.collect_rollouts()          # driving rank only
             rows, batch_metrics = session.training_batch(groups)                # rewards, advantages
+            session.release_rollout_memory()                                     # GPU: engine steps aside
             train_metrics = update_policy(session.actor, split_rows(rows, layout.dp_size, layout.dp_rank), job)
             sync_seconds = session.sync_weights(step)
             step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}

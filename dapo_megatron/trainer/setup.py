@@ -52,6 +52,7 @@ class Session:
         self.eval_prompts: list[Prompt] = []
         self.start_step = self._load_initial_state()
         self._last_check = -1
+        self._released = False
 
     # ------------------------------------------------------------------ set-up
 
@@ -82,7 +83,9 @@ class Session:
             rollout = dataclasses.replace(rollout, dtype=job.model.params_dtype)
         log_dir = Path(rollout.log_dir or self.out / "logs")
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = SGLangEngine(job.model.hf_dir, rollout, log_file=log_dir / "sglang_engine.log")
+        # Colocated: the engine shares this rank's GPU (one engine per node's first GPUs on clusters).
+        self.engine = SGLangEngine(job.model.hf_dir, rollout, log_file=log_dir / "sglang_engine.log",
+                                   device=self.layout.device.type, base_gpu_id=self.layout.local_rank)
         self.engine.start()
         self.client = RolloutClient(self.engine.url, rollout, on_error=self.engine.check_alive)
         self.rewards = RewardPool(job.reward)
@@ -153,11 +156,32 @@ class Session:
             return None, {}
         return self.rollouts.collect()
 
+    @property
+    def _offloads(self) -> bool:
+        """On GPUs the engine gives its memory back while megatron trains (on CPU SGLang keeps it anyway)."""
+        return self.layout.device.type == "cuda"
+
+    def release_rollout_memory(self) -> None:
+        if self._offloads and self.engine is not None:
+            self.engine.release_memory()
+            self._released = True
+        torch.distributed.barrier()
+
     def sync_weights(self, step: int) -> float:
-        """Push the weights as version `step-N`; check them against the trainer when due. Collective."""
+        """Push the weights as version `step-N`; check them against the trainer when due. Collective.
+
+        On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
+        push, then the KV cache once nothing of the trainer's transient buffers is needed any more."""
         started = time.perf_counter()
         version = f"step-{step}"
+        released = self._released
+        if released:
+            self.engine.resume_memory(["weights"])
+        torch.distributed.barrier()
         self.sync.sync(self.model, version)
+        if released:
+            self.engine.resume_memory(["kv_cache", "cuda_graph"])
+            self._released = False
         mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
         if mode == "always" or (mode == "first" and (self._last_check < 0 or step - self._last_check >= every)):
             self._check(version)
