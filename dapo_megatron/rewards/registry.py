@@ -60,6 +60,8 @@ DATA_SOURCE_SCORERS: dict[str, str] = {
     "math_dapo": "math_dapo",
     "math": "math_dapo",
     "math_dapo_reasoning": "math_dapo",
+    # data.datasets wraps GSM8K questions in DAPO's prompt (`Answer: N` on the last line); answers are integers.
+    "gsm8k": "math_dapo",
 }
 """Exact ``data_source`` -> scorer name."""
 

@@ -135,6 +135,7 @@ def test_unpicklable_scorer_fails_at_construction_without_leaking() -> None:
         ("math", "math_dapo"),
         ("math_dapo_reasoning", "math_dapo"),
         ("aime2024", "math_dapo"),
+        ("gsm8k", "math_dapo"),
     ],
 )
 def test_data_source_routing(data_source: str, scorer: str) -> None:
@@ -142,10 +143,10 @@ def test_data_source_routing(data_source: str, scorer: str) -> None:
 
 
 def test_unknown_data_source_is_an_error() -> None:
-    with pytest.raises(KeyError, match="gsm8k"):
-        scorer_name_for("gsm8k")
+    with pytest.raises(KeyError, match="olympiad_bench"):
+        scorer_name_for("olympiad_bench")
     # A fixed scorer ignores the data source.
-    assert score_sample("Answer: 5", "5", "gsm8k", config=RewardConfig())["acc"]
+    assert score_sample("Answer: 5", "5", "olympiad_bench", config=RewardConfig())["acc"]
 
 
 def test_math_dapo_options_from_config() -> None:
