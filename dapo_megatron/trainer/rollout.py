@@ -33,6 +33,9 @@ class Prompt:
 
 
 class PromptSource(Protocol):
+    """An endless, resumable stream of prompts."""
+
+    def __iter__(self) -> Iterator[Prompt]: ...
     def __next__(self) -> Prompt: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -113,7 +116,7 @@ class RolloutManager:
 
         def prompts() -> Iterator[tuple[int, list[int]]]:
             # Keyed by submission index: a small dataset can put one prompt in flight twice.
-            for prompt in itertools.islice(self._prompts(), limit):
+            for prompt in itertools.islice(self.prompts, limit):
                 pending[stats.prompts] = prompt
                 stats.prompts += 1
                 yield stats.prompts - 1, prompt.ids
@@ -140,7 +143,3 @@ class RolloutManager:
                                rollout_log_probs=list(s.logprobs), finish_reason=s.finish_reason,
                                score=r.score, acc=r.acc) for s, r in zip(samples, results, strict=True)]
         return ScoredGroup(key=prompt.uid, samples=scored)
-
-    def _prompts(self) -> Iterator[Prompt]:
-        while True:
-            yield next(self.prompts)

@@ -124,10 +124,8 @@ class Session:
         return 0
 
     def _probe_rows(self) -> PolicyRows:
-        prompts = [self._encode(p) for p in ("Solve: 1+2=? ", "Solve: 40+2=? ", "Solve: 7+35=? ", "Solve: 99+0=? ")]
-        if self.layout.is_logging_rank and self.eval_prompts:
-            prompts = [p.ids for p in self.eval_prompts[:PROBE_PROMPTS]]
-        objects = [prompts]
+        # The driving rank holds the evaluation prompts; every rank needs the probe.
+        objects = [[p.ids for p in self.eval_prompts[:PROBE_PROMPTS]] if self.layout.is_logging_rank else None]
         torch.distributed.broadcast_object_list(objects, src=0)
         prompts = objects[0]
         continuation = self._encode(PROBE_CONTINUATION)
