@@ -121,6 +121,9 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x rollout.n_samples_per_prompt="
             f"{rollout.n_samples_per_prompt} leaves some of the {dp} data-parallel ranks without a sequence in each "
             f"of the {optimizer_steps} optimizer steps; raise trainer.ppo_mini_batch_size or use fewer ranks.")
+    if job.algo.kl_coef != 0:
+        raise ConfigError(f"algo.kl_coef={job.algo.kl_coef}: the trainer keeps no reference policy yet, so a KL penalty "
+                          "cannot be computed; set algo.kl_coef=0 (DAPO uses none).")
     if par.sequence_parallel and model.transformer_impl == "local":
         raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
                           "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")

@@ -76,6 +76,8 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
     (["optim.lr=0"], 1, "optim.lr must be > 0"),
     (["model.params_dtype=fp8"], 1, "model.params_dtype must be"),
     (["parallel.sequence_parallel=true"], 1, "parallel.sequence_parallel=true needs"),
+    (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
+    (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
     (["model.num_attention_heads=6", "model.num_query_groups=4"], 1, "model.num_attention_heads \\(6\\) must be divisible"),
 ])
 def test_impossible_configs_name_the_field(overrides: list[str], world: int, message: str) -> None:
