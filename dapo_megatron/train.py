@@ -43,7 +43,7 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
     with Session(job, layout) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
                                                         enabled=layout.is_logging_rank) as metrics:
         stop = StopRequest()
-        step = session.start_step
+        step = saved = session.start_step
         session.sync_weights(step)
         if job.eval.every and step == 0:
             before = session.evaluate()
@@ -68,9 +68,10 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
                 metrics.print(console_line(step, job.trainer.total_steps, step_metrics))
             if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
                 session.save(step)
+                saved = step
             if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
                 session.export_hf(step)
-        if not stop.requested():
+        if saved != step:
             session.save(step)
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
 
