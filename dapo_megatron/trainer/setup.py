@@ -26,6 +26,7 @@ from dapo_megatron.trainer.batch import ScoredGroup, build_rows
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import Prompt, RolloutManager
+from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
 
 PROBE_PROMPTS = 4
 PROBE_CONTINUATION = "Answer: 12"
@@ -128,15 +129,9 @@ class Session:
         objects = [[p.ids for p in self.eval_prompts[:PROBE_PROMPTS]] if self.layout.is_logging_rank else None]
         torch.distributed.broadcast_object_list(objects, src=0)
         prompts = objects[0]
-        continuation = self._encode(PROBE_CONTINUATION)
-        width = max(len(p) for p in prompts) + len(continuation)
-        tokens = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width - 1)
-        for row, prompt in enumerate(prompts):
-            tokens[row, :len(prompt) + len(continuation)] = torch.tensor(prompt + continuation)
-            mask[row, len(prompt) - 1:len(prompt) - 1 + len(continuation)] = 1.0
         self._probe_prompts = prompts
-        return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.zeros(len(prompts)))
+        self._probe_continuations = [self._encode(PROBE_CONTINUATION)] * len(prompts)
+        return probe_rows(prompts, self._probe_continuations, pad_token_id=self.pad_token_id)
 
     # ------------------------------------------------------------------ what the loop calls
 
@@ -191,12 +186,7 @@ class Session:
         trainer = self.actor.compute_log_probs(self.probe, self.job.trainer.micro_batch_size, temperature=1.0)
         if not self.layout.is_logging_rank:
             return
-        continuation = self._encode(PROBE_CONTINUATION)
-        engine = torch.zeros_like(trainer)
-        values = self.client.teacher_forced_log_probs([p + continuation for p in self._probe_prompts],
-                                                      [len(p) for p in self._probe_prompts])
-        for row, (prompt, row_values) in enumerate(zip(self._probe_prompts, values, strict=True)):
-            engine[row, len(prompt) - 1:len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
+        engine = engine_log_probs(self.client, self._probe_prompts, self._probe_continuations)
         check_sync(trainer, engine, self.probe.response_mask, tolerance=self.job.rollout.sync_check_tolerance,
                    version=version)
 

@@ -39,6 +39,7 @@ def main() -> None:
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.forward import greedy_generate
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
+    from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
 
     cfg = ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
                       vocab_size=128, max_position_embeddings=256, params_dtype="float32", transformer_impl="local")
@@ -68,26 +69,16 @@ def main() -> None:
     # Probe: prompts of the demo task followed by fixed continuations; every non-prompt token is scored.
     problems = arithmetic.problems("eval")[:6]
     prompts = [char_tokenizer.encode(p.prompt) for p in problems]
-    sequences = [p + char_tokenizer.encode(f"Answer: {i}{i}") for i, p in enumerate(prompts)]
-    width = max(len(s) for s in sequences)
-    tokens = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width - 1)
-    for row, (seq, prompt) in enumerate(zip(sequences, prompts, strict=True)):
-        tokens[row, :len(seq)] = torch.tensor(seq)
-        mask[row, len(prompt) - 1:len(seq) - 1] = 1.0
-    probe = PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.zeros(len(sequences)))
+    continuations = [char_tokenizer.encode(f"Answer: {i}{i}") for i in range(len(prompts))]
+    probe = probe_rows(prompts, continuations, pad_token_id=char_tokenizer.PAD_ID)
+    mask = probe.response_mask
 
-    def engine_log_probs() -> torch.Tensor:
-        out = torch.zeros_like(mask)
-        if client is not None:
-            for row, values in enumerate(client.teacher_forced_log_probs(sequences, [len(p) for p in prompts])):
-                start = len(prompts[row]) - 1
-                out[row, start:start + len(values)] = torch.tensor(values)
-        return out
+    def engine_log_probs_or_zeros() -> torch.Tensor:
+        return engine_log_probs(client, prompts, continuations) if client is not None else torch.zeros_like(mask)
 
     def max_diff() -> float:
         trainer = actor.compute_log_probs(probe, micro_batch_size=3, temperature=1.0)
-        return float(((engine_log_probs() - trainer).abs() * mask).max())
+        return float(((engine_log_probs_or_zeros() - trainer).abs() * mask).max())
 
     def greedy_both() -> tuple[list[list[int]], list[list[int]]]:
         mine = greedy_generate(model, prompts, layout, max_new_tokens=8, eos_token_id=char_tokenizer.EOS_ID,
@@ -106,7 +97,7 @@ def main() -> None:
     report["after_sync"] = max_diff()
     report["greedy_trainer"], report["greedy_engine"] = greedy_both()
 
-    rows = PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.linspace(-1, 1, len(sequences)))
+    rows = PolicyRows(tokens=probe.tokens, response_mask=mask, advantages=torch.linspace(-1, 1, len(prompts)))
     before = actor.compute_log_probs(probe, micro_batch_size=3)
     for _ in range(3):
         actor.train_step(rows, micro_batch_size=3)
