@@ -20,6 +20,7 @@ from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.data.config import DataConfig
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.fp8 import alignment_error as fp8_alignment_error
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.trainer.config import EvalConfig, OptimConfig, TrainerConfig, WarmupConfig
@@ -127,6 +128,34 @@ def validate(job: JobConfig, world_size: int) -> None:
     if par.sequence_parallel and model.transformer_impl == "local":
         raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
                           "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")
+    _validate_low_precision(job)
+
+
+def _validate_low_precision(job: JobConfig) -> None:
+    """FP8 training shapes and layout, and FP8 rollouts' need for importance-sampling correction. Whether
+    this machine can run FP8 is checked when the model is built (`models/fp8.check_environment`)."""
+    model, par = job.model, job.parallel
+    error = fp8_alignment_error(
+        hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads, num_query_groups=model.num_query_groups,
+        head_dim=model.head_dim, tensor_parallel_size=par.tensor_model_parallel_size, fp8=model.fp8)
+    if error:
+        raise ConfigError(error)
+    if model.fp8.enabled and model.fp8.param_gather and not par.use_distributed_optimizer:
+        raise ConfigError("model.fp8.param_gather=true keeps only FP8 weights in the model and needs the "
+                          "distributed optimizer for the fp32 master weights; set parallel.use_distributed_optimizer=true "
+                          "or model.fp8.param_gather=false.")
+    layers_per_stage = model.num_layers // par.pipeline_model_parallel_size
+    if model.fp8.enabled and model.fp8.first_last_layers_bf16:
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(model.fp8, name) > layers_per_stage:
+                raise ConfigError(f"model.fp8.{name}={getattr(model.fp8, name)} exceeds the {layers_per_stage} layers "
+                                  "of a pipeline stage; lower it or use fewer pipeline stages.")
+    if job.rollout.quantization and job.algo.tis_cap is None:
+        raise ConfigError(
+            f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, so the "
+            "rollout log-probs differ from the trainer's; set algo.tis_cap (truncated importance sampling, "
+            "e.g. algo.tis_cap=2.0) or rollout.quantization=null.")
 
 
 def load(overrides: Sequence[str] = (), world_size: int = 1) -> JobConfig:

@@ -8,8 +8,10 @@ megatron installed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from dapo_megatron.models.fp8 import Fp8Config
 
 
 @dataclass
@@ -41,10 +43,14 @@ class ModelConfig:
     """One of float32, bfloat16, float16. CPU tests use float32."""
     transformer_impl: str = "auto"
     """`local` (megatron-core's torch layers), `transformer_engine`, or `auto` (TE when CUDA and TE exist)."""
+    fp8: Fp8Config = field(default_factory=Fp8Config)
+    """FP8 Transformer Engine layers (GPU only, off by default); see `models/fp8.py`."""
     hf_dir: str | None = None
     """Hugging Face directory (config + tokenizer, optionally weights) the policy starts from."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.fp8, dict):  # read back from a checkpoint's JSON (checkpoint.read_model_config)
+            self.fp8 = Fp8Config(**self.fp8)
         positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                     "vocab_size", "make_vocab_size_divisible_by", "max_position_embeddings")
         for field_name in positive:
@@ -64,6 +70,9 @@ class ModelConfig:
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
             raise ValueError("model.transformer_impl must be auto, local or transformer_engine; "
                              f"got {self.transformer_impl!r}.")
+        if self.fp8.enabled and self.transformer_impl == "local":
+            raise ValueError("model.fp8.enabled=true needs Transformer Engine layers; set model.transformer_impl=auto "
+                             "(or transformer_engine) or model.fp8.enabled=false.")
 
     @property
     def head_dim(self) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -25,8 +26,15 @@ if TYPE_CHECKING:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_transformer_impl(model: ModelConfig) -> str:
-    """`local` or `transformer_engine`, with a clear error when TE is requested but cannot run."""
+def resolve_transformer_impl(model: ModelConfig, fp8_env: fp8.Fp8Environment | None = None) -> str:
+    """`local` or `transformer_engine`, with a clear error when TE is requested but cannot run.
+
+    With FP8 on, `auto` must not fall back to local layers silently: the FP8 checks run first, against
+    `fp8_env` (this machine when None).
+    """
+    if model.fp8.enabled:
+        fp8.check_environment(model.fp8, fp8_env or fp8.detect_environment(), transformer_impl=model.transformer_impl)
+        return "transformer_engine"
     te_installed = importlib.util.find_spec("transformer_engine") is not None
     if model.transformer_impl == "auto":
         return "transformer_engine" if te_installed and torch.cuda.is_available() else "local"
@@ -41,12 +49,14 @@ def resolve_transformer_impl(model: ModelConfig) -> str:
     return model.transformer_impl
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig) -> TransformerConfig:
-    """megatron-core's TransformerConfig for a Qwen2 model under the given parallel layout."""
+def transformer_config(model: ModelConfig, parallel: ParallelConfig,
+                       fp8_env: fp8.Fp8Environment | None = None) -> TransformerConfig:
+    """megatron-core's TransformerConfig for a Qwen2 model under the given parallel layout (`fp8_env`: see
+    `resolve_transformer_impl`)."""
     from megatron.core.transformer import TransformerConfig
 
     dtype = _DTYPES[model.params_dtype]
-    on_gpu_with_te = resolve_transformer_impl(model) == "transformer_engine"
+    on_gpu_with_te = resolve_transformer_impl(model, fp8_env) == "transformer_engine"
     return TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -87,30 +97,36 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig) -> Transfor
         masked_softmax_fusion=on_gpu_with_te,
         apply_rope_fusion=on_gpu_with_te,
         persist_layer_norm=on_gpu_with_te,
+        **fp8.transformer_config_kwargs(model.fp8),
     )
 
 
 def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, layout: ParallelLayout) -> GPTModel:
     """This rank's part of the policy: its TP shard of the layers of its pipeline stage."""
+    from megatron.core.fp8_utils import get_fp8_context
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    config = transformer_config(model, parallel)
     if resolve_transformer_impl(model) == "transformer_engine":
         layer_spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    gpt = GPTModel(
-        config=transformer_config(model, parallel),
-        transformer_layer_spec=layer_spec,
-        vocab_size=model.padded_vocab_size(layout.tp_size),
-        max_sequence_length=model.max_position_embeddings,
-        pre_process=layout.is_first_stage,
-        post_process=layout.is_last_stage,
-        share_embeddings_and_output_weights=model.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(model.rotary_base),
-    )
+    # With model.fp8.param_gather the TE layers must create their weights as FP8 tensors
+    # (fp8_model_init); otherwise this is a no-op context.
+    with get_fp8_context(config, is_init=True):
+        gpt = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=model.padded_vocab_size(layout.tp_size),
+            max_sequence_length=model.max_position_embeddings,
+            pre_process=layout.is_first_stage,
+            post_process=layout.is_last_stage,
+            share_embeddings_and_output_weights=model.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(model.rotary_base),
+        )
     return gpt.to(layout.device)

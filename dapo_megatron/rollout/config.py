@@ -26,6 +26,10 @@ class RolloutConfig:
     """KV-cache capacity in tokens on CPU, where there is no memory fraction to size it from."""
     dtype: str = "auto"
     """Engine dtype; auto = the policy's params_dtype."""
+    quantization: str | None = None
+    """`fp8`: SGLang quantizes the synced weights to FP8 (`--quantization fp8`, GPU only) for faster
+    generation. The rollout policy then differs from the trained one, so it requires truncated importance
+    sampling (algo.tis_cap) and a looser rollout.sync_check_tolerance. None: the engine dtype."""
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 600.0
     max_concurrent_requests: int = 256
@@ -64,5 +68,7 @@ class RolloutConfig:
             raise ValueError(f"rollout.sync_method must be tensor or distributed; got {self.sync_method!r}.")
         if self.sync_check not in ("always", "first", "off"):
             raise ValueError(f"rollout.sync_check must be always, first or off; got {self.sync_check!r}.")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"rollout.quantization must be null or fp8; got {self.quantization!r}.")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"rollout.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}.")

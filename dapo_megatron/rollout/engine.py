@@ -97,6 +97,8 @@ class SGLangEngine:
         if device == "cpu" and cfg.engine_tp_size != 1:
             # SGLang's CPU tensor parallelism needs the sgl_kernel CPU build, which the stand-ins replace.
             raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
+        if device == "cpu" and cfg.quantization:
+            raise ValueError(f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU")
         self.model_path = Path(model_path)
         self.cfg = cfg
         self.log_file = Path(log_file)
@@ -135,7 +137,8 @@ class SGLangEngine:
                 "--dtype", self.cfg.dtype, "--tp-size", str(self.cfg.engine_tp_size),
                 "--base-gpu-id", str(self.base_gpu_id),
                 "--mem-fraction-static", str(self.cfg.mem_fraction_static),
-                "--enable-memory-saver", *self.extra_args]
+                "--enable-memory-saver",
+                *(["--quantization", self.cfg.quantization] if self.cfg.quantization else []), *self.extra_args]
 
     def _environment(self) -> dict[str, str]:
         # The trainer runs under torchrun / srun; SGLang initialises torch.distributed from the same

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.models.fp8 import sequence_multiple
 
 
 @dataclass
@@ -23,10 +24,6 @@ class MicroBatch:
     tokens: torch.Tensor
     labels: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
-
-    @property
-    def position_ids(self) -> torch.Tensor:
-        return torch.arange(self.tokens.shape[1], device=self.tokens.device).expand_as(self.tokens)
 
 
 LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]
@@ -48,15 +45,28 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
     With `with_labels` the last stage outputs per-token cross-entropy [batch, seq] (computed by
     megatron-core over the vocab-parallel logits); otherwise vocab-parallel logits [batch, seq, V/tp].
     Returns the report dicts of `loss_fn`, one per micro-batch, on the last pipeline stage only.
+
+    With FP8 the model sees each micro-batch right-padded to the length TE's FP8 GEMMs need
+    (`fp8.sequence_multiple`); causal attention keeps the padding from touching real positions, and
+    `loss_fn` gets the output cut back to the micro-batch's own width.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    config = model.config
+    multiple = sequence_multiple(fp8=config.fp8, fp8_recipe=config.fp8_recipe, sequence_parallel=config.sequence_parallel,
+                                 tensor_parallel_size=config.tensor_model_parallel_size)
+
     def forward_step(data_iterator, chunk):  # type: ignore[no-untyped-def]
         mb = next(data_iterator)
-        output = chunk(mb.tokens, mb.position_ids, None, labels=mb.labels if with_labels else None)
-        return output, lambda out: loss_fn(mb, out)
+        width = mb.tokens.shape[1]
+        padding = (0, -width % multiple)
+        tokens = torch.nn.functional.pad(mb.tokens, padding)
+        labels = torch.nn.functional.pad(mb.labels, padding) if with_labels else None
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        output = chunk(tokens, positions, None, labels=labels)
+        return output, lambda out: loss_fn(mb, out[:, :width])
 
-    seq_length = max(mb.tokens.shape[1] for mb in micro_batches)
+    seq_length = -(-max(mb.tokens.shape[1] for mb in micro_batches) // multiple) * multiple
     return get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
         num_microbatches=len(micro_batches), seq_length=seq_length,

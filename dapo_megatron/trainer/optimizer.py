@@ -52,7 +52,9 @@ def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch
         DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
-            use_distributed_optimizer=parallel.use_distributed_optimizer),
+            use_distributed_optimizer=parallel.use_distributed_optimizer,
+            # FP8 weights (model.fp8.param_gather) are gathered as FP8; the distributed optimizer keeps fp32 masters.
+            fp8_param_gather=model.config.fp8_param),
         model)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
