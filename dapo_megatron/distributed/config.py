@@ -17,13 +17,22 @@ class ParallelConfig:
     """Shard optimizer states (and fp32 main params) over the data-parallel group (ZeRO-1)."""
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    recompute_granularity: str = "none"
+    """Activation recompute: `none`, or `full` (keep only each recompute unit's input; rerun its forward
+    in backward). Trades about one extra forward pass for most of the activation memory."""
+    recompute_method: str = "uniform"
+    """With `full`: `uniform` checkpoints every chunk of `recompute_num_layers` layers of a pipeline stage;
+    `block` recomputes only the first `recompute_num_layers` layers of each stage (the rest keep everything)."""
+    recompute_num_layers: int = 1
+    """Layers per recompute unit (`uniform`; must divide a stage's layers) or recomputed layers per stage (`block`)."""
     backend: str = "auto"
     """Process-group backend: `auto` (nccl with CUDA, else gloo), `nccl` or `gloo`."""
     timeout_minutes: int = 30
     """Collective timeout; a hung rank fails the job after this instead of hanging forever."""
 
     def __post_init__(self) -> None:
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "timeout_minutes"):
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "timeout_minutes",
+                     "recompute_num_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1; got {getattr(self, name)}.")
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -33,7 +42,46 @@ class ParallelConfig:
                              "set parallel.sequence_parallel=false.")
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ValueError("parallel.overlap_param_gather=true needs parallel.use_distributed_optimizer=true.")
+        if self.recompute_granularity not in ("none", "full"):
+            raise ValueError(f"parallel.recompute_granularity must be none or full; got {self.recompute_granularity!r}.")
+        if self.recompute_method not in ("uniform", "block"):
+            raise ValueError(f"parallel.recompute_method must be uniform or block; got {self.recompute_method!r}.")
 
     @property
     def model_parallel_size(self) -> int:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def recompute_kwargs(self) -> dict[str, str | int]:
+        """megatron-core `TransformerConfig` fields for activation recompute (none when it is off)."""
+        if self.recompute_granularity == "none":
+            return {}
+        return {"recompute_granularity": self.recompute_granularity, "recompute_method": self.recompute_method,
+                "recompute_num_layers": self.recompute_num_layers}
+
+
+@dataclass
+class ClusterConfig:
+    """The hardware a recipe is planned for. The memory planner and the dry run read it; a real launch
+    takes its world size from torchrun/srun instead (run the dry run with the same overrides first)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    gpu_memory_gib: float = 80.0
+    """Memory of one GPU (H100 SXM: 80)."""
+    reserved_gib: float = 4.0
+    """Per-GPU memory the planner sets aside for the trainer's and the engine's CUDA contexts (about 0.5 GiB
+    each), NCCL communicator buffers and allocator fragmentation: an estimate; replace it with what
+    `nvidia-smi` shows beyond torch.cuda.memory_reserved() on your cluster."""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"cluster.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.gpu_memory_gib <= 0:
+            raise ValueError(f"cluster.gpu_memory_gib must be > 0; got {self.gpu_memory_gib}.")
+        if not 0 <= self.reserved_gib < self.gpu_memory_gib:
+            raise ValueError(f"cluster.reserved_gib must be in [0, cluster.gpu_memory_gib); got {self.reserved_gib}.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node

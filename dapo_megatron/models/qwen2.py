@@ -97,6 +97,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig,
         masked_softmax_fusion=on_gpu_with_te,
         apply_rope_fusion=on_gpu_with_te,
         persist_layer_norm=on_gpu_with_te,
+        **parallel.recompute_kwargs(),
         **fp8.transformer_config_kwargs(model.fp8),
     )
 

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--micro-batches", type=int, required=True, help="per data-parallel rank")
+    parser.add_argument("--recompute", action="store_true", help="full activation recompute, one layer per unit")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--out", required=True)
@@ -107,7 +108,8 @@ def main() -> None:
     from dapo_megatron.trainer.warmup import token_sum
 
     cfg = model_config()
-    parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
+    parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                              recompute_granularity="full" if args.recompute else "none")
     layout = initialize(parallel, seed=7)
     model = build_gpt_model(cfg, parallel, layout)
     if args.reference:
@@ -127,6 +129,8 @@ def main() -> None:
         load_full_state(model, torch.load(root / "weights.pt"), cfg, layout)
     batch = torch.load(root / f"{args.objective}_batch.pt")
 
+    forward_calls: list[int] = []  # of this stage's first layer: twice per micro-batch under full recompute
+    model.decoder.layers[0].register_forward_hook(lambda *_: forward_calls.append(1))
     ddp = wrap_for_training(model, parallel)
     share = ROWS // layout.dp_size
     mine = slice(layout.dp_rank * share, (layout.dp_rank + 1) * share)
@@ -148,7 +152,8 @@ def main() -> None:
     metrics = reduce_reports(reports, layout)
     grads = gather_full_state(ddp, cfg, layout, tensor_of=lambda p: p.main_grad)
     if layout.rank == 0:
-        torch.save({"loss": metrics["loss"], "units": metrics["units"], "grads": grads}, args.out)
+        torch.save({"loss": metrics["loss"], "units": metrics["units"], "grads": grads,
+                    "layer_forward_calls": len(forward_calls)}, args.out)
     shutdown()
 
 

@@ -68,6 +68,19 @@ def test_sequence_mean_ablation_is_exact_too(reference: dict, workdir: Path, lay
     assert_same_gradients(torch.load(out), reference["dapo"]["seq-mean-token-mean"])
 
 
+@pytest.mark.parametrize("layout", ["mb2", "tp2xpp2"])
+def test_full_activation_recompute_gives_the_same_gradient(reference: dict, workdir: Path, layout: str) -> None:
+    # megatron-core reruns each layer's forward in backward (its own checkpoint function and RNG tracker):
+    # the loss and gradients must not change, alone and under TP x PP.
+    tp, pp, nproc, micro = LAYOUTS[layout]
+    out = workdir / f"recompute_{layout}.pt"
+    torchrun(WORKER, nproc, "--objective", "dapo", "--recompute", "--tp", str(tp), "--pp", str(pp),
+             "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    result = torch.load(out)
+    assert result["layer_forward_calls"] == 2 * micro, "the layers were not recomputed in backward"
+    assert_same_gradients(result, reference["dapo"]["formula"])
+
+
 @pytest.mark.parametrize("objective", ["ce", "dapo"])
 def test_naive_mean_of_micro_batch_means_differs(reference: dict, objective: str) -> None:
     formula, naive = reference[objective]["formula"], reference[objective]["naive"]
