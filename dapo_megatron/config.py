@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.data.config import DataConfig
-from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.distributed.config import ClusterConfig, ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.fp8 import alignment_error as fp8_alignment_error
 from dapo_megatron.rewards.config import RewardConfig
@@ -45,6 +45,11 @@ class JobConfig:
     output_dir: str = "outputs/${experiment_name}"
     """Checkpoints, TensorBoard logs and the resolved config go here."""
     experiment_name: str = "default"
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The GPUs a recipe is planned for (read by the dry run and tools/plan_memory.py)."""
+    dry_run: bool = False
+    """Validate the whole config for cluster.nodes x cluster.gpus_per_node ranks, print the layout per rank
+    and the memory plan, and exit: no GPU, no process group, no weights."""
 
 
 class ConfigError(ValueError):
@@ -125,6 +130,14 @@ def validate(job: JobConfig, world_size: int) -> None:
     if job.algo.kl_coef != 0:
         raise ConfigError(f"algo.kl_coef={job.algo.kl_coef}: the trainer keeps no reference policy yet, so a KL penalty "
                           "cannot be computed; set algo.kl_coef=0 (DAPO uses none).")
+    layers_per_stage = model.num_layers // pp
+    if par.recompute_granularity == "full" and (
+            layers_per_stage % par.recompute_num_layers if par.recompute_method == "uniform"
+            else par.recompute_num_layers > layers_per_stage):
+        rule = "divide" if par.recompute_method == "uniform" else "be at most"
+        raise ConfigError(
+            f"parallel.recompute_num_layers={par.recompute_num_layers} must {rule} the {layers_per_stage} layers of "
+            f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer).")
     if par.sequence_parallel and model.transformer_impl == "local":
         raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
                           "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")
