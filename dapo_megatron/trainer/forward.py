@@ -7,6 +7,7 @@ supply what happens to the last stage's output (`loss_fn`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,8 +57,13 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
     multiple = sequence_multiple(fp8=config.fp8, fp8_recipe=config.fp8_recipe, sequence_parallel=config.sequence_parallel,
                                  tensor_parallel_size=config.tensor_model_parallel_size)
 
+    device = next(model.parameters()).device
+
     def forward_step(data_iterator, chunk):  # type: ignore[no-untyped-def]
+        # Batches are built on the CPU; the loss function needs them beside the model's outputs.
         mb = next(data_iterator)
+        mb = dataclasses.replace(mb, **{f.name: value.to(device, non_blocking=True) for f in dataclasses.fields(mb)
+                                        if isinstance(value := getattr(mb, f.name), torch.Tensor)})
         width = mb.tokens.shape[1]
         padding = (0, -width % multiple)
         tokens = torch.nn.functional.pad(mb.tokens, padding)
