@@ -7,7 +7,9 @@ text-only Qwen2 never runs) and `sgl_kernel` (CUDA/AMX kernels; on CPUs without 
 native-torch fallbacks). This module registers import-time stand-ins for both in this process and in
 every process SGLang spawns (they re-import this module as their `__main__`), then runs SGLang's own
 launcher. A stand-in for `sgl_kernel` raises as soon as anything is *called* on it, so a run that
-finishes proves no kernel was needed. Nothing is installed into or edited in site-packages.
+finishes proves no kernel was needed. It also swaps the `torch_native` attention backend for the batched
+one in `rollout/cpu_attention.py`, through SGLang's backend registry (`DAPO_CPU_ATTENTION=stock` keeps
+SGLang's own, for comparisons). Nothing is installed into or edited in site-packages.
 
 On GPU machines SGLang is imported and launched as usual; this module is for CPU only.
 """
@@ -94,7 +96,19 @@ def install_stand_ins() -> None:
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
-install_stand_ins()  # at import: SGLang's spawned children import this module again as __mp_main__
+def install() -> None:
+    """Stand-ins, then the batched CPU attention (which imports SGLang, so it needs the stand-ins)."""
+    install_stand_ins()
+    attention = os.environ.get("DAPO_CPU_ATTENTION", "batched")
+    if attention not in ("batched", "stock"):
+        raise ValueError(f"DAPO_CPU_ATTENTION must be batched or stock; got {attention!r}")
+    if attention == "batched":
+        from dapo_megatron.rollout import cpu_attention
+
+        cpu_attention.register()
+
+
+install()  # at import: SGLang's spawned children import this module again as __mp_main__
 
 
 def main(argv: list[str]) -> None:
