@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
 
-    job = job_config.load(sys.argv[1:] if argv is None else argv, world_size=process_env().world_size)
+    job = job_config.to_job_config(job_config.compose(sys.argv[1:] if argv is None else argv))
+    if job.dry_run:  # the planned cluster's world size, not this process's; nothing is started
+        from dapo_megatron.planning.report import dry_run
+
+        return dry_run(job)
+    job_config.validate(job, world_size=process_env().world_size)
     layout = initialize(job.parallel, job.seed)
     try:
         train(job, layout)

@@ -1,0 +1,161 @@
+"""What the dry run and `tools/plan_memory.py` print: where every rank sits, and the memory plan.
+
+The dry run (`python -m dapo_megatron.train experiment=... dry_run=true`) validates the config for the
+world size of `cluster.*` and prints both, with no GPU, no process group and no weights: the rank
+coordinates come from megatron-core's own `RankGenerator` (the order `initialize_model_parallel` uses),
+the memory from `planning.memory`'s arithmetic.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dapo_megatron.planning.memory import GIB, MemoryPlan, data_parallel_size, plan_memory, suggest_layout
+
+if TYPE_CHECKING:
+    from dapo_megatron.config import JobConfig
+
+MEGATRON_RANK_ORDER = "tp-cp-ep-dp-pp"
+"""`parallel_state.initialize_model_parallel`'s default: TP ranks adjacent (inside a node), PP outermost."""
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    rank: int
+    node: int
+    local_rank: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    first_layer: int
+    last_layer: int
+    """Inclusive range of the transformer layers this rank holds (its TP shard of them)."""
+    engine: int
+    engine_tp_rank: int
+
+
+def rank_placements(job: JobConfig) -> list[RankPlacement]:
+    """Every rank of the planned world: its node, its megatron coordinates, its layers and its engine."""
+    from megatron.core.parallel_state import RankGenerator
+
+    par, gpus = job.parallel, job.cluster.gpus_per_node
+    tp, pp, dp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, data_parallel_size(job)
+    generator = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=MEGATRON_RANK_ORDER)
+    coordinate: dict[str, dict[int, int]] = {}
+    for axis in ("tp", "pp", "dp"):
+        coordinate[axis] = {rank: index for group in generator.get_ranks(axis) for index, rank in enumerate(group)}
+    layers = job.model.num_layers // pp
+    etp = job.rollout.engine_tp_size
+    return [RankPlacement(rank=rank, node=rank // gpus, local_rank=rank % gpus, tp_rank=coordinate["tp"][rank],
+                          pp_rank=coordinate["pp"][rank], dp_rank=coordinate["dp"][rank],
+                          first_layer=coordinate["pp"][rank] * layers,
+                          last_layer=(coordinate["pp"][rank] + 1) * layers - 1,
+                          engine=rank // etp, engine_tp_rank=rank % etp)
+            for rank in range(job.cluster.world_size)]
+
+
+def format_placements(job: JobConfig, placements: list[RankPlacement]) -> str:
+    pp = job.parallel.pipeline_model_parallel_size
+    lines = []
+    for p in placements:
+        extras = (" + embedding" if p.pp_rank == 0 else "") + (" + final norm, output layer" if p.pp_rank == pp - 1
+                                                                 else "")
+        lines.append(f"rank {p.rank:>4} | node {p.node:>3} gpu {p.local_rank} | tp {p.tp_rank} pp {p.pp_rank} "
+                     f"dp {p.dp_rank:>3} | layers {p.first_layer}-{p.last_layer}{extras} | "
+                     f"engine {p.engine} (engine tp rank {p.engine_tp_rank})")
+    return "\n".join(lines)
+
+
+def describe_layout(job: JobConfig) -> str:
+    par, rollout, cluster = job.parallel, job.rollout, job.cluster
+    recompute = (f"full ({par.recompute_method}, {par.recompute_num_layers} layer(s) per unit)"
+                 if par.recompute_granularity == "full" else "none")
+    return (f"{job.model.name} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPU(s) of "
+            f"{cluster.gpu_memory_gib:g} GiB = {cluster.world_size} ranks\n"
+            f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
+            f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, distributed "
+            f"optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
+            f"rollout: {cluster.world_size // rollout.engine_tp_size} SGLang engine(s) x TP {rollout.engine_tp_size}, "
+            f"mem_fraction_static {rollout.mem_fraction_static:g}")
+
+
+def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
+    """A table: what one GPU of the busiest rank holds in each phase, against the GPU's memory."""
+    par = job.parallel
+    names = list(dict.fromkeys(name for phase in plan.phases for name, _ in phase.items))
+    width = max(map(len, names)) + 2
+    header = f"{'GiB per GPU':<{width}}" + "".join(f"{phase.name:>13}" for phase in plan.phases)
+    rows = [header]
+    for name in names:
+        cells = [dict(phase.items).get(name) for phase in plan.phases]
+        rows.append(f"{name:<{width}}" + "".join(f"{'-' if c is None else f'{c / GIB:.2f}':>13}" for c in cells))
+    rows.append(f"{'total of ' + format(plan.capacity / GIB, 'g'):<{width}}"
+                + "".join(f"{phase.total / GIB:>13.2f}" for phase in plan.phases))
+    rows.append(f"{'':<{width}}" + "".join(f"{'fits' if phase.total <= plan.capacity else 'TOO BIG':>13}"
+                                           for phase in plan.phases))
+    other = "without" if par.use_distributed_optimizer else "with"
+    recompute_other = "without" if par.recompute_granularity == "full" else "with full"
+    alternative = plan.state_alternative
+    kv_tokens = max(plan.kv_tokens, 0)
+    return "\n".join([
+        f"micro-batch: {job.trainer.micro_batch_size} sequence(s) x "
+        f"{plan.tokens_per_micro_batch // job.trainer.micro_batch_size} tokens, {plan.micro_batches} per optimizer "
+        f"step and DP rank, {plan.activations.in_flight} in flight",
+        f"busiest rank: pipeline stage {plan.pp_rank}, DP rank {plan.dp_rank}",
+        *rows,
+        f"{other} the distributed optimizer: optimizer {alternative.optimizer / GIB:.2f} GiB, parameters "
+        f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
+        f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
+        f"engine KV cache: {kv_tokens} tokens per engine = {kv_tokens // plan.sequence_tokens} full-length "
+        f"rollouts ({plan.sequence_tokens} tokens) at once; left for SGLang's activations and CUDA graphs: "
+        f"{(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+    ])
+
+
+def format_verdict(job: JobConfig, plan: MemoryPlan) -> str:
+    if plan.fits:
+        return f"fits: peak {plan.peak.total / GIB:.1f} GiB of {plan.capacity / GIB:g} GiB ({plan.peak.name})"
+    lines = ["does not fit: " + "; ".join(plan.problems)]
+    suggestion = suggest_layout(job)
+    if suggestion is None:
+        lines.append(f"no layout within a few fields of this one fits on {job.cluster.world_size} GPUs; "
+                     "add nodes (cluster.nodes) or shorten rollout.max_response_length.")
+    else:
+        changes, fitting = suggestion
+        overrides = " ".join(f"{name}={_override(value)}" for name, value in changes.items())
+        lines.append(f"nearest layout that fits (peak {fitting.peak.total / GIB:.1f} GiB, {fitting.peak.name}): "
+                     f"{overrides}")
+    return "\n".join(lines)
+
+
+def _override(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def report(job: JobConfig, *, show_ranks: bool) -> int:
+    """Validate `job` for `cluster.*`; print its layout (with every rank's placement when `show_ranks`), the
+    memory plan and the verdict. Returns the exit status: 0 fits, 1 does not fit (the nearest layout that
+    does is printed), 2 invalid config (the error names the field)."""
+    from dapo_megatron.config import ConfigError
+    from dapo_megatron.planning.memory import validate_for_cluster
+
+    try:
+        validate_for_cluster(job)
+    except ConfigError as error:
+        print(f"ConfigError: {error}", file=sys.stderr)
+        return 2
+    plan = plan_memory(job)
+    print(describe_layout(job))
+    if show_ranks:
+        print(format_placements(job, rank_placements(job)))
+    print(format_plan(job, plan))
+    print(format_verdict(job, plan))
+    return 0 if plan.fits else 1
+
+
+def dry_run(job: JobConfig) -> int:
+    """`dry_run=true`: the report with every rank's placement."""
+    print("dry run: nothing is started or allocated")
+    return report(job, show_ranks=True)

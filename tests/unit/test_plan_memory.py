@@ -1,0 +1,161 @@
+"""The memory planner's formulas on hand-computed numbers, its fits / does-not-fit verdict and suggestion,
+its refusal of impossible layouts, and the per-rank placement of the dry run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dapo_megatron import config as C
+from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.planning import memory as M
+from tests.conftest import assert_import_is_light
+
+# h 64, 4 heads of 16, 2 query groups, FFN 128, vocab 128 (no padding), bf16, Transformer Engine layers.
+SMALL = ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+                    vocab_size=128, params_dtype="bfloat16", transformer_impl="auto")
+
+
+def test_layer_activations_per_token_by_hand() -> None:
+    # b = 2 bytes. Norm inputs/outputs 4h = 256 -> 512 B (replicated without SP, / TP with it). Inside TP:
+    # Q,K,V (4 + 2*2) * 16 = 128, attention output 64, SwiGLU in + out 3 * 128 = 384: 576 * 2 B / TP 2 = 576 B.
+    # Log-sum-exp: 4 B * 4 heads / TP 2 = 8 B.
+    assert M.layer_activation_bytes(SMALL, tp=2, sequence_parallel=False) == 512 + 576 + 8
+    assert M.layer_activation_bytes(SMALL, tp=2, sequence_parallel=True) == 256 + 576 + 8
+    assert M.recompute_unit_input_bytes(SMALL, tp=2, sequence_parallel=False) == 128
+    assert M.recompute_unit_input_bytes(SMALL, tp=2, sequence_parallel=True) == 64
+
+
+def test_stage_activations_with_pipeline_and_recompute_by_hand() -> None:
+    full_layer, unit_input, tokens = 1096, 128, 10
+    base = ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    kwargs = dict(tokens_per_micro_batch=tokens, micro_batches=4, logprob_chunk_size=1024)
+    # Stage 0 of 2 holds 2 layers and 2 micro-batches in flight (1F1B); it has no logits.
+    first = M.activation_bytes(SMALL, base, pp_rank=0, **kwargs)
+    assert (first.in_flight, first.layers, first.logits) == (2, tokens * 2 * 2 * full_layer, 0)
+    # Full recompute, one layer per unit: each micro-batch keeps 2 unit inputs; backward reruns one layer.
+    recompute = dataclasses.replace(base, recompute_granularity="full")
+    assert M.activation_bytes(SMALL, recompute, pp_rank=0, **kwargs).layers == tokens * (2 * 2 * unit_input + full_layer)
+    # Block method with 1 layer: the first layer is checkpointed, the second keeps everything.
+    block = dataclasses.replace(recompute, recompute_method="block")
+    assert M.activation_bytes(SMALL, block, pp_rank=0, **kwargs).layers == tokens * (2 * (unit_input + full_layer)
+                                                                                     + full_layer)
+    # The last stage: one micro-batch in flight, plus bf16 logits and their gradient over its 64-column vocab
+    # shard (2 * 10 * 64 * 2 B) and the log-prob kernel's two fp32 chunks (2 * 10 * 64 * 4 B).
+    last = M.activation_bytes(SMALL, base, pp_rank=1, **kwargs)
+    assert (last.in_flight, last.layers, last.logits) == (1, tokens * 2 * full_layer, 2560 + 5120)
+
+
+def test_state_bytes_of_one_replica_by_hand() -> None:
+    one_layer = dataclasses.replace(SMALL, num_layers=1)
+    # Embedding 128x64 = 8192; QKV 128x64 + bias 128; projection 64x64; FC1 256x64; FC2 64x128; two norms of
+    # 64 (fused into TE's linears, bf16); final norm 64; output layer 8192: 53568 parameters.
+    numel = 8192 + 8192 + 128 + 4096 + 16384 + 8192 + 2 * 64 + 64 + 8192
+    assert numel == one_layer.num_parameters()
+    [state] = M.stage_state_bytes(one_layer, ParallelConfig(), dp=1, pp_rank=0)
+    assert state == M.StateBytes(parameters=2 * numel, gradients=4 * numel, main_parameters=4 * numel,
+                                 moments=8 * numel)  # ZeRO's mixed-precision Adam: 2 + 4 + 12 bytes per parameter
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_stages_and_tensor_shards_add_up_to_the_model(tied: bool) -> None:
+    model = dataclasses.replace(SMALL, tie_word_embeddings=tied)
+    # Both TP ranks hold half of every matrix and a full copy of every norm; PP 2 with tied embeddings keeps
+    # a second copy of the embedding on the last stage.
+    norms = (2 * model.num_layers + 1) * model.hidden_size
+    shards = [sum(p.numel for p in M.stage_parameters(model, tp=2, pp=2, pp_rank=stage)) for stage in (0, 1)]
+    extra_copy = model.vocab_size * model.hidden_size if tied else 0
+    assert 2 * sum(shards) == model.num_parameters() + extra_copy + norms
+
+
+def test_distributed_optimizer_partitions_the_padded_buffers_over_data_parallel() -> None:
+    parallel = ParallelConfig(use_distributed_optimizer=True)
+    plain = M.stage_state_bytes(SMALL, ParallelConfig(), dp=3, pp_rank=0)[0]
+    sharded = M.stage_state_bytes(SMALL, parallel, dp=3, pp_rank=0)
+    # Every trained element is owned by exactly one DP rank (ZeRO-1), so the shards add up to the whole.
+    assert sum(s.moments for s in sharded) == plain.moments
+    assert sum(s.main_parameters for s in sharded) == plain.main_parameters
+    [buffer] = M.grad_buffers(M.stage_parameters(SMALL, tp=1, pp=1, pp_rank=0), dp=3, distributed_optimizer=True,
+                              bucket_size=None)
+    assert buffer.numel % (3 * 128) == 0 and buffer.numel >= sum(buffer.param_numels)
+    assert sharded[0].gradients == 4 * buffer.numel > plain.gradients
+
+
+def test_engine_weights_and_kv_cache_by_hand() -> None:
+    model = C.load(["model=qwen2.5-32b"]).model
+    # Engine TP 1 holds the whole bf16 model (Qwen's vocab needs no padding to 64).
+    assert M.engine_weight_bytes(model, engine_tp=1, dtype="bfloat16") == 2 * model.num_parameters()
+    # K and V, 64 layers, 8 KV heads of 128 over engine TP 8: 2 * 64 * 1 * 128 * 2 B.
+    assert M.kv_bytes_per_token(model, engine_tp=8, dtype="bfloat16") == 32768
+    seven = C.load(["model=qwen2.5-7b"]).model  # 4 KV heads over 8 ranks: each rank keeps one (replicated)
+    assert M.kv_bytes_per_token(seven, engine_tp=8, dtype="bfloat16") == 2 * 28 * 1 * 128 * 2
+
+
+def job(*overrides: str) -> C.JobConfig:
+    return C.to_job_config(C.compose(["experiment=dapo_qwen2.5_32b", *overrides]))
+
+
+def test_the_32b_recipe_fits_and_an_unsharded_layout_does_not() -> None:
+    assert M.plan_memory(job()).fits
+    crowded = job("parallel.use_distributed_optimizer=false", "parallel.overlap_param_gather=false",
+                  "parallel.recompute_granularity=none")
+    plan = M.plan_memory(crowded)
+    assert not plan.fits
+    assert any(problem.startswith("training needs") for problem in plan.problems)
+
+
+def test_suggested_layout_fits_when_applied_as_overrides() -> None:
+    overrides = ["parallel.tensor_model_parallel_size=4", "parallel.use_distributed_optimizer=false",
+                 "parallel.overlap_param_gather=false"]
+    assert not M.plan_memory(job(*overrides)).fits
+    changes, plan = M.suggest_layout(job(*overrides))
+    assert plan.fits and 0 < len(changes) <= M.MAX_SUGGESTED_CHANGES
+    # The suggestion, typed back in as Hydra overrides, is a valid layout that fits.
+    applied = job(*overrides, *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items()))
+    M.validate_for_cluster(applied)
+    assert M.plan_memory(applied).fits
+
+
+def test_a_full_kv_cache_is_a_problem() -> None:
+    plan = M.plan_memory(job("rollout.mem_fraction_static=0.3"))
+    assert plan.kv_tokens < plan.sequence_tokens and not plan.fits
+    assert "KV cache" in plan.problems[-1]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("parallel.tensor_model_parallel_size=3", "parallel.tensor_model_parallel_size=3"),
+    ("parallel.pipeline_model_parallel_size=3", "parallel.pipeline_model_parallel_size=3"),
+    ("rollout.engine_tp_size=3", "rollout.engine_tp_size=3"),
+    ("parallel.recompute_num_layers=3", "parallel.recompute_num_layers=3"),
+])
+def test_impossible_layouts_are_refused_naming_the_field(override: str, field: str) -> None:
+    with pytest.raises(C.ConfigError, match=field.replace(".", r"\.")):
+        M.validate_for_cluster(job(override))
+
+
+def test_plan_memory_tool_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.plan_memory import main
+
+    assert main(["experiment=dapo_qwen2.5_32b"]) == 0
+    assert "fits: peak" in capsys.readouterr().out
+    assert main(["experiment=dapo_qwen2.5_32b", "parallel.tensor_model_parallel_size=3"]) == 2
+    assert "parallel.tensor_model_parallel_size=3" in capsys.readouterr().err
+
+
+def test_rank_placement_follows_megatron_order() -> None:
+    from dapo_megatron.planning.report import rank_placements
+
+    placed = rank_placements(job("cluster.nodes=2", "cluster.gpus_per_node=4", "parallel.tensor_model_parallel_size=2",
+                                 "parallel.pipeline_model_parallel_size=2", "rollout.engine_tp_size=2"))
+    # tp-cp-ep-dp-pp: rank = tp + TP * (dp + DP * pp), with TP = PP = DP = 2.
+    for p in placed:
+        assert p.rank == p.tp_rank + 2 * (p.dp_rank + 2 * p.pp_rank)
+        assert (p.node, p.local_rank, p.engine) == (p.rank // 4, p.rank % 4, p.rank // 2)
+        assert (p.first_layer, p.last_layer) == (32 * p.pp_rank, 32 * p.pp_rank + 31)
+    assert len({(p.tp_rank, p.pp_rank, p.dp_rank) for p in placed}) == 8
+
+
+def test_memory_module_imports_no_torch() -> None:
+    assert_import_is_light("dapo_megatron.planning.memory", ("torch", "megatron", "sglang"))
