@@ -109,7 +109,9 @@ def initialize(parallel: ParallelConfig, seed: int) -> ParallelLayout:
     # CUDA initialises (srun/torchrun users need not remember it).
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     use_cuda = torch.cuda.is_available()
-    backend = parallel.backend if parallel.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    # With CUDA, `auto` pairs NCCL (CUDA tensors) with gloo (CPU tensors): the driver all-reduces small
+    # host-side values (stop flags, loss reports) that NCCL alone would reject.
+    backend = parallel.backend if parallel.backend != "auto" else ("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     if use_cuda:
         torch.cuda.set_device(env.local_rank)
         device = torch.device("cuda", env.local_rank)
