@@ -499,11 +499,14 @@ def validate_for_cluster(job: JobConfig) -> None:
         raise ConfigError(f"rollout.engine_tp_size={etp} does not divide cluster.gpus_per_node={gpus}: an engine's "
                           f"GPUs must be on one node; choose a divisor of {gpus}.")
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups
-    if heads % etp or (groups % etp and etp % groups):
+
+    def splits_heads(size: int) -> bool:  # SGLang: heads divisible by TP; KV groups divisible by it or dividing it
+        return not heads % size and not (groups % size and size % groups)
+
+    if not splits_heads(etp):
+        fitting = [d for d in range(1, gpus + 1) if not gpus % d and splits_heads(d)]
         raise ConfigError(f"rollout.engine_tp_size={etp} cannot split model.num_attention_heads={heads} and "
-                          f"model.num_query_groups={groups} (SGLang needs heads divisible by it, and query groups "
-                          "divisible by it or dividing it); choose "
-                          f"{[d for d in range(1, gpus + 1) if gpus % d == 0 and not heads % d and not (groups % d and d % groups)]}.")
+                          f"model.num_query_groups={groups} between its ranks; choose one of {fitting}.")
 
 
 MAX_SUGGESTED_CHANGES = 3
