@@ -169,10 +169,14 @@ class Session:
         version = f"step-{step}"
         released = self._released
         if released:
+            # PyTorch's caching allocator still holds the training step's peak; hand it back to the
+            # driver so SGLang can allocate its weights and KV cache in that memory.
+            torch.cuda.empty_cache()
             self.engine.resume_memory(["weights"])
         torch.distributed.barrier()
         self.sync.sync(self.model, version)
         if released:
+            torch.cuda.empty_cache()  # the sync's transient buffers
             self.engine.resume_memory(["kv_cache", "cuda_graph"])
             self._released = False
         mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
