@@ -23,6 +23,7 @@ from dapo_megatron.algo.logprobs import vocab_parallel_logprobs
 from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.trainer.forward import LossFn, MicroBatch, run_schedule
+from dapo_megatron.trainer.optimizer import load_parameter_state, parameter_state
 
 
 @dataclass
@@ -187,11 +188,12 @@ class Actor:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's optimizer, LR schedule and RNG states: with the model, an exact resume point."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "rng": rng_state()}
+        return {"optimizer": self.optimizer.state_dict(), "optimizer_parameter_state": parameter_state(self.optimizer),
+                "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        load_parameter_state(self.optimizer, state.get("optimizer_parameter_state", []))
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
 

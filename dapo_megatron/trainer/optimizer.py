@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
@@ -59,3 +59,53 @@ def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     return ddp
+
+
+def parameter_state(optimizer: MegatronOptimizer) -> list[dict[str, Any]]:
+    """The distributed optimizer's parameter state on this rank: fp32 master shards and Adam moments.
+
+    `optimizer.state_dict()` leaves these out for megatron's distributed optimizer (they are sharded over
+    data parallel and megatron saves them separately); without them a resume restarts Adam from zero
+    moments and the masters from the bf16 weights. One entry per distributed optimizer in the chain, in
+    megatron's bucket layout: restorable into the same model and layout. Empty without ZeRO-1.
+    """
+    states = []
+    for part in _distributed_parts(optimizer):
+        state = part.get_parameter_state_dp_reshardable()
+        # The loader skips alignment padding entries by a flag that only megatron's sharded-checkpoint
+        # path sets; every entry here is a real parameter.
+        for key, by_dtype in state.items():
+            if isinstance(key, int):
+                for buckets in by_dtype.values():
+                    for bucket in buckets:
+                        for entry in bucket:
+                            entry["padding"] = False
+        states.append(state)
+    return states
+
+
+def load_parameter_state(optimizer: MegatronOptimizer, states: list[dict[str, Any]]) -> None:
+    """Inverse of `parameter_state`; call after `optimizer.load_state_dict`, which allocates the state."""
+    parts = _distributed_parts(optimizer)
+    if len(parts) != len(states):
+        raise ValueError(f"the checkpoint holds parameter state for {len(states)} distributed optimizer(s), this "
+                         f"run has {len(parts)}: resume with the parallel.use_distributed_optimizer setting (and "
+                         "layout) the checkpoint was written with")
+    import torch
+
+    with torch.no_grad():  # the masters are leaves that require grad; megatron copies into them in place
+        for part, state in zip(parts, states, strict=True):
+            part.load_parameter_state_from_dp_reshardable(state)
+            # With torch's AdamW (no Apex/TE, e.g. on CPU) megatron-core 0.16.1's load_state_dict hands every
+            # parameter the same `step` tensor, which AdamW then increments once per parameter: the bias
+            # correction would count parameters instead of steps. Each parameter gets its own counter.
+            for param_state in part.optimizer.state.values():
+                if isinstance(param_state.get("step"), torch.Tensor):
+                    param_state["step"] = param_state["step"].clone()
+
+
+def _distributed_parts(optimizer: MegatronOptimizer) -> list[Any]:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [part for part in parts if isinstance(part, DistributedOptimizer)]

@@ -19,6 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["continuous", "resume"], required=True)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--dir", required=True)
     args = parser.parse_args()
     root = Path(args.dir)
@@ -34,7 +35,7 @@ def main() -> None:
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
     cfg = model_config()
-    parallel = ParallelConfig(pipeline_model_parallel_size=args.pp)
+    parallel = ParallelConfig(pipeline_model_parallel_size=args.pp, use_distributed_optimizer=args.distributed_optimizer)
     layout = initialize(parallel, seed=7 if args.mode == "continuous" else 8)
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-3, lr_warmup_steps=3, weight_decay=0.1),

@@ -14,9 +14,11 @@ WORKER = Path(__file__).with_name("resume_worker.py")
 
 
 @pytest.mark.distributed
-def test_resumed_steps_equal_uninterrupted_ones(tmp_path: Path) -> None:
-    torchrun(WORKER, 2, "--mode", "continuous", "--pp", "2", "--dir", str(tmp_path))
-    torchrun(WORKER, 2, "--mode", "resume", "--pp", "2", "--dir", str(tmp_path))
+@pytest.mark.parametrize("layout", [["--pp", "2"], ["--distributed-optimizer"]], ids=["pp2", "dp2_zero1"])
+def test_resumed_steps_equal_uninterrupted_ones(tmp_path: Path, layout: list[str]) -> None:
+    """PP2, and DP2 with the distributed optimizer, whose sharded Adam state is not in its state_dict()."""
+    torchrun(WORKER, 2, "--mode", "continuous", *layout, "--dir", str(tmp_path))
+    torchrun(WORKER, 2, "--mode", "resume", *layout, "--dir", str(tmp_path))
     continuous, resumed = torch.load(tmp_path / "continuous.pt"), torch.load(tmp_path / "resume.pt")
     assert sorted(resumed["losses"]) == [3, 4]
     assert resumed["losses"] == {step: continuous["losses"][step] for step in (3, 4)}
