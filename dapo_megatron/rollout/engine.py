@@ -109,6 +109,7 @@ class SGLangEngine:
         self.extra_args = list(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
+        self._workers: list[tuple[psutil.Process, str]] = []
         self._session = requests.Session()
 
     # ------------------------------------------------------------------ launch
@@ -171,6 +172,7 @@ class SGLangEngine:
             self.shutdown()
             raise
         self._tree = self._snapshot_tree()
+        self._workers = self._snapshot_workers()
         return self
 
     def _wait_until_healthy(self) -> None:
@@ -201,6 +203,18 @@ class SGLangEngine:
         except psutil.NoSuchProcess:
             return []
 
+    def _snapshot_workers(self) -> list[tuple[psutil.Process, str]]:
+        """SGLang's scheduler and detokenizer processes, with their names (a dead one cannot be asked)."""
+        workers = []
+        for process in self._tree[1:]:
+            try:
+                name = process.name()
+            except psutil.NoSuchProcess:
+                continue
+            if name.startswith("sglang::"):
+                workers.append((process, name))
+        return workers
+
     # ------------------------------------------------------------------ liveness
 
     def is_alive(self) -> bool:
@@ -216,6 +230,11 @@ class SGLangEngine:
         code = self._process.poll()
         if code is not None:
             raise self._error(f"the SGLang engine died (exit code {code})")
+        # A killed scheduler (what an OOM killer picks) takes the launcher down only seconds later, and the
+        # HTTP server drops its connections in between; the dead worker is the real news.
+        for worker, name in self._workers:
+            if not _running(worker):
+                raise self._error(f"the SGLang engine died ({name}, pid {worker.pid}, is gone)")
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_log_tail(self.log_file, lines)
@@ -287,7 +306,7 @@ class SGLangEngine:
                 child.kill()
         process.wait()  # reap the launcher so it does not linger as a zombie
         psutil.wait_procs(self._tree, timeout=_TERM_GRACE_S)
-        self._tree = []
+        self._tree, self._workers = [], []
         self._session.close()
 
     def __enter__(self) -> SGLangEngine:
@@ -298,6 +317,13 @@ class SGLangEngine:
 
     def __repr__(self) -> str:
         return f"SGLangEngine({self.url}, pid={self.pid}, device={self.device})"
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _checked_tags(tags: Sequence[str] | None) -> list[str] | None:

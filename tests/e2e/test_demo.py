@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import REPO, free_port
@@ -62,3 +64,36 @@ def test_demo_runs_pipeline_parallel(demo_base: Path, tmp_path: Path) -> None:
          "trainer.on_unfilled_batch=train"], timeout=900)
     steps = [json.loads(line)["step"] for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path) -> None:
+    """The scheduler (the process an OOM killer would pick) dies while the driver generates: the job
+    must stop with an error naming the engine and its log, and leave no process behind."""
+    out = tmp_path / "run"
+    console = tmp_path / "console.txt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    with open(console, "w") as sink:
+        trainer = subprocess.Popen(
+            [sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
+             f"output_dir={out}", "trainer.total_steps=1000", "eval.every=0", "trainer.save_every=0"],
+            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while "step 1/1000" not in console.read_text():
+                assert trainer.poll() is None and time.monotonic() < deadline, console.read_text()[-3000:]
+                time.sleep(0.2)
+            family = psutil.Process(trainer.pid).children(recursive=True)
+            scheduler = next(p for p in family if "scheduler" in p.name())
+            scheduler.kill()  # right after a step line: the next rollout is being generated
+            code = trainer.wait(timeout=300)
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+    text = console.read_text()
+    assert code != 0, text[-3000:]
+    assert "the SGLang engine died" in text and str(out / "logs") in text, text[-3000:]
+    assert "Traceback" in text  # the error is raised, not swallowed into a hang or a clean exit
+    # Helpers (reward-pool forkserver, torch's shared-memory manager) exit when they notice their parent
+    # is gone; give them a moment, then nothing may remain.
+    _, survivors = psutil.wait_procs(family, timeout=30)
+    assert not survivors, [(p.pid, p.name()) for p in survivors]
