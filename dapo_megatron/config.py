@@ -120,8 +120,14 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"rollout.max_prompt_length + rollout.max_response_length = "
             f"{rollout.max_prompt_length + rollout.max_response_length} exceeds model.max_position_embeddings="
             f"{model.max_position_embeddings}; shorten them or use a model with a longer context.")
+    longest_row = rollout.max_prompt_length + rollout.max_response_length
+    if trainer.max_tokens_per_micro_batch and trainer.max_tokens_per_micro_batch < longest_row:
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} cannot hold the longest possible "
+            f"row, rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens; raise it to at "
+            f"least {longest_row} or set it to null (fixed trainer.micro_batch_size).")
     dp = world_size // (tp * pp)
-    optimizer_steps = trainer.train_batch_size // trainer.ppo_mini_batch_size
+    optimizer_steps = trainer.optimizer_steps
     if trainer.ppo_mini_batch_size * rollout.n_samples_per_prompt < dp:
         raise ConfigError(
             f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x rollout.n_samples_per_prompt="

@@ -20,8 +20,8 @@ from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import MetricsLogger, format_line
-from dapo_megatron.trainer.actor import Actor, PolicyRows
-from dapo_megatron.trainer.batch import split_rows
+from dapo_megatron.trainer.actor import Actor
+from dapo_megatron.trainer.batch import RankShare, split_rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +61,7 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
             groups, rollout_metrics = session.collect_rollouts()          # driving rank only
             rows, batch_metrics = session.training_batch(groups)                # rewards, advantages
             session.release_rollout_memory()                                     # GPU: engine steps aside
-            train_metrics = update_policy(session.actor, split_rows(rows, layout.dp_size, layout.dp_rank), job)
+            train_metrics = update_policy(session.actor, split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer))
             sync_seconds = session.sync_weights(step)
             step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
             if job.eval.every and step % job.eval.every == 0:
@@ -81,18 +81,16 @@ def train(job: JobConfig, layout: ParallelLayout) -> None:
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
 
 
-def update_policy(actor: Actor, rows: PolicyRows, job: JobConfig) -> dict[str, float]:
-    """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's rows. With more than one,
+def update_policy(actor: Actor, share: RankShare) -> dict[str, float]:
+    """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
     the later steps are off-policy, so the old log-probs are computed once before the first update;
     with exactly one, the ratio is 1 by construction and that forward pass is skipped."""
     started = time.perf_counter()
-    steps = job.trainer.train_batch_size // job.trainer.ppo_mini_batch_size
-    micro = job.trainer.micro_batch_size
+    steps = len(share.micro_batch_sizes)
     if steps > 1:
-        rows.old_log_prob = actor.compute_log_probs(rows, micro)
+        share.rows.old_log_prob = actor.compute_log_probs(share.rows, share.all_micro_batch_sizes)
     totals: dict[str, float] = {}
-    for part in range(steps):
-        mini = rows.subset(slice(len(rows) * part // steps, len(rows) * (part + 1) // steps))
+    for mini, micro in share.mini_batches():
         for name, value in actor.train_step(mini, micro).items():
             totals[name] = totals.get(name, 0.0) + value / steps
     metrics = {f"actor/{name}": value for name, value in totals.items()}

@@ -419,12 +419,15 @@ def data_parallel_size(job: JobConfig) -> int:
 
 
 def micro_batching(job: JobConfig) -> tuple[int, int]:
-    """(tokens per micro-batch, micro-batches per optimizer step per DP rank). Rows are padded to the
-    longest rollout of the batch, so a micro-batch is sized for full-length prompts and responses."""
+    """(tokens per micro-batch, micro-batches per optimizer step per DP rank), at worst: every rollout at
+    full length. A token budget (trainer.max_tokens_per_micro_batch) is the most a micro-batch holds;
+    without one, micro_batch_size full-length rows."""
     sequences = job.trainer.ppo_mini_batch_size * job.rollout.n_samples_per_prompt
     per_rank = -(-sequences // data_parallel_size(job))
-    tokens = job.trainer.micro_batch_size * (job.rollout.max_prompt_length + job.rollout.max_response_length)
-    return tokens, -(-per_rank // job.trainer.micro_batch_size)
+    longest = job.rollout.max_prompt_length + job.rollout.max_response_length
+    budget = job.trainer.max_tokens_per_micro_batch
+    rows = budget // longest if budget else job.trainer.micro_batch_size
+    return budget or rows * longest, -(-per_rank // rows)
 
 
 def plan_memory(job: JobConfig, states: StageStates | None = None) -> MemoryPlan:

@@ -98,11 +98,14 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
     other = "without" if par.use_distributed_optimizer else "with"
     recompute_other = "without" if par.recompute_granularity == "full" else "with full"
     alternative = plan.state_alternative
+    micro = job.trainer.micro_batch_size
+    shape = (f"up to {plan.tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
+             if job.trainer.max_tokens_per_micro_batch else
+             f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens")
     kv_tokens = max(plan.kv_tokens, 0)
     return "\n".join([
-        f"micro-batch: {job.trainer.micro_batch_size} sequence(s) x "
-        f"{plan.tokens_per_micro_batch // job.trainer.micro_batch_size} tokens, {plan.micro_batches} per optimizer "
-        f"step and DP rank, {plan.activations.in_flight} in flight",
+        f"micro-batch: {shape}, up to {plan.micro_batches} per "
+        f"optimizer step and DP rank, {plan.activations.in_flight} in flight",
         f"busiest rank: pipeline stage {plan.pp_rank}, DP rank {plan.dp_rank}",
         *rows,
         f"{other} the distributed optimizer: optimizer {alternative.optimizer / GIB:.2f} GiB, parameters "

@@ -12,6 +12,7 @@ makes the result independent of the DP size and the micro-batch split.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,8 @@ class PolicyRows:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def subset(self, rows: slice, width: int | None = None) -> PolicyRows:
-        """Rows `rows`, label positions cut to `width` (tokens to `width + 1`)."""
+    def subset(self, rows: slice | torch.Tensor, width: int | None = None) -> PolicyRows:
+        """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to `width + 1`)."""
         def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
             return None if t is None else t[rows, :None if width is None else width + extra]
 
@@ -62,19 +63,39 @@ class PolicyRows:
                           advantages=self.advantages[rows], old_log_prob=cut(self.old_log_prob),
                           rollout_log_prob=cut(self.rollout_log_prob))
 
-    def micro_batches(self, size: int) -> list[PolicyMicroBatch]:
-        """Consecutive slices of `size` rows, each cut to its own longest row (no compute on padding
-        beyond it)."""
-        # Width of each row in label positions: one past its last response token.
+    def widths(self) -> torch.Tensor:
+        """[n] label positions each row needs: one past its last response token (1 without one)."""
         widths = self.response_mask.shape[1] - self.response_mask.flip(-1).float().argmax(-1)
-        widths = torch.where(self.response_mask.any(-1), widths, 1)
-        micro = []
-        for start in range(0, len(self), size):
-            part = self.subset(slice(start, start + size), int(widths[start:start + size].max()))
+        return torch.where(self.response_mask.any(-1), widths, 1)
+
+    def micro_batches(self, sizes: Sequence[int]) -> list[PolicyMicroBatch]:
+        """Consecutive micro-batches of `sizes[i]` rows, each cut to its own longest row (no compute on
+        padding beyond it). A size of 0 stands for a micro-batch without rows (see `trainer/packing.py`:
+        it keeps the number of forward passes equal across DP ranks); it runs this batch's first token
+        with the loss mask off, so it adds nothing to the loss, its unit count or the gradient."""
+        widths = self.widths()
+        micro, start = [], 0
+        for size in sizes:
+            if size:
+                part = self.subset(slice(start, start + size), int(widths[start:start + size].max()))
+            else:
+                part = self.subset(slice(0, 1), 1)
+                part.response_mask = torch.zeros_like(part.response_mask)
+            start += size
             micro.append(PolicyMicroBatch(
                 tokens=part.tokens[:, :-1], labels=part.tokens[:, 1:], loss_mask=part.response_mask,
                 advantages=part.advantages, old_log_prob=part.old_log_prob, rollout_log_prob=part.rollout_log_prob))
         return micro
+
+
+def micro_batch_sizes(rows: int, micro_batch_size: int | Sequence[int]) -> list[int]:
+    """Row counts of consecutive micro-batches: `micro_batch_size` rows each (the last one shorter) for an
+    int, or the given counts (a plan from `trainer/batch.split_rows`)."""
+    if isinstance(micro_batch_size, int):
+        return [min(micro_batch_size, rows - start) for start in range(0, rows, micro_batch_size)]
+    if sum(micro_batch_size) != rows:
+        raise ValueError(f"micro-batch sizes {list(micro_batch_size)} do not add up to the {rows} rows")
+    return list(micro_batch_size)
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
@@ -149,16 +170,17 @@ class Actor:
         self.vocab_size, self.temperature = vocab_size, temperature
         self.loss_fn = dapo_loss_fn(algo, layout, vocab_size=vocab_size, temperature=temperature)
 
-    def backward(self, rows: PolicyRows, micro_batch_size: int) -> list[dict[str, Any]]:
+    def backward(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> list[dict[str, Any]]:
         """Zero the gradient buffers, then accumulate the gradient of the batch loss (finalized: reduced
-        over data parallel and divided by the global unit count). Returns the raw micro-batch reports."""
+        over data parallel and divided by the global unit count). Returns the raw micro-batch reports.
+        `micro_batch_size`: rows per micro-batch, or each consecutive micro-batch's rows (`micro_batch_sizes`)."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return run_schedule(self.model, rows.micro_batches(micro_batch_size), self.loss_fn,
-                            forward_only=False, with_labels=False)
+        micro = rows.micro_batches(micro_batch_sizes(len(rows), micro_batch_size))
+        return run_schedule(self.model, micro, self.loss_fn, forward_only=False, with_labels=False)
 
     @torch.no_grad()
-    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int, *,
+    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int | Sequence[int], *,
                           temperature: float | None = None) -> torch.Tensor:
         """log pi(label) under the current weights for every label position: [n, L - 1], zero outside
         `response_mask`, identical on every rank of this replica (the last stage computes it and
@@ -173,15 +195,14 @@ class Actor:
                 chunk_size=self.algo.logprob_chunk_size, compute_entropy=False)
             return log_prob.sum(), torch.ones((), dtype=torch.int), {"log_prob": log_prob * mb.loss_mask}
 
-        micro = rows.micro_batches(micro_batch_size)
-        reports = run_schedule(self.model, micro, keep, forward_only=True, with_labels=False)
+        sizes = micro_batch_sizes(len(rows), micro_batch_size)
+        reports = run_schedule(self.model, rows.micro_batches(sizes), keep, forward_only=True, with_labels=False)
         out = torch.zeros(rows.response_mask.shape, dtype=torch.float32)
         if self.layout.is_last_stage:
             start = 0
-            for mb, report in zip(micro, reports, strict=True):
-                rows_in_mb, width = mb.tokens.shape
-                out[start:start + rows_in_mb, :width] = report["log_prob"]
-                start += rows_in_mb
+            for size, report in zip(sizes, reports, strict=True):
+                out[start:start + size, :report["log_prob"].shape[1]] = report["log_prob"][:size]
+                start += size
         if self.layout.pp_size > 1:
             torch.distributed.broadcast(out, src=self.layout.pp_last_rank, group=self.layout.pp_group)
         return out
@@ -197,7 +218,7 @@ class Actor:
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
 
-    def train_step(self, rows: PolicyRows, micro_batch_size: int) -> dict[str, float]:
+    def train_step(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> dict[str, float]:
         """One optimizer step on `rows` (this rank's share of the batch)."""
         reports = self.backward(rows, micro_batch_size)
         self.scheduler.step(1)

@@ -16,6 +16,8 @@ from dapo_megatron.algo.advantages import compute_grpo_advantages
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.reward_shaping import overlong_penalty
 from dapo_megatron.trainer.actor import PolicyRows
+from dapo_megatron.trainer.config import TrainerConfig
+from dapo_megatron.trainer.packing import fixed_size_plan, token_budget_plan
 
 
 @dataclass
@@ -90,7 +92,61 @@ def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_
     return rows, metrics
 
 
-def split_rows(rows: PolicyRows, parts: int, index: int) -> PolicyRows:
-    """The `index`-th of `parts` contiguous slices of rows (a data-parallel rank's share)."""
-    n = len(rows)
-    return rows.subset(slice(n * index // parts, n * (index + 1) // parts))
+@dataclass
+class RankShare:
+    """A data-parallel rank's rows of a rollout batch in training order, and how they are cut."""
+
+    rows: PolicyRows
+    micro_batch_sizes: list[list[int]]
+    """[optimizer step][micro-batch] -> rows; micro-batches are consecutive in `rows`, steps too."""
+
+    @property
+    def all_micro_batch_sizes(self) -> list[int]:
+        """Every micro-batch's rows, all steps in order (one pass over the whole share)."""
+        return [size for sizes in self.micro_batch_sizes for size in sizes]
+
+    def mini_batches(self) -> list[tuple[PolicyRows, list[int]]]:
+        """(rows, micro-batch sizes) of each optimizer step, in order."""
+        out, start = [], 0
+        for sizes in self.micro_batch_sizes:
+            out.append((self.rows.subset(slice(start, start + sum(sizes))), sizes))
+            start += sum(sizes)
+        return out
+
+
+def near_equal_slice(n: int, parts: int, index: int) -> slice:
+    """The `index`-th of `parts` contiguous slices of `n` items whose lengths differ by at most one."""
+    return slice(n * index // parts, n * (index + 1) // parts)
+
+
+def split_rows(rows: PolicyRows, parts: int, index: int, trainer: TrainerConfig) -> RankShare:
+    """Data-parallel rank `index` of `parts`: its share of `rows` in training order and its micro-batches
+    (`plan_rank`)."""
+    plan = plan_rank(rows.widths().tolist(), parts, index, trainer)
+    order = [row for step in plan for mb in step for row in mb]
+    return RankShare(rows.subset(torch.tensor(order, dtype=torch.long)), [[len(mb) for mb in step] for step in plan])
+
+
+def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerConfig) -> list[list[list[int]]]:
+    """[optimizer step][micro-batch] -> row indices of data-parallel rank `index` of `parts`, for rows of
+    `widths` (label positions each row needs).
+
+    Which rows an optimizer step trains on does not depend on the micro-batching: step k takes the k-th
+    of trainer.optimizer_steps slices of each rank's contiguous slice of the batch. With a fixed
+    trainer.micro_batch_size a rank keeps exactly those rows, in batch order. With
+    trainer.max_tokens_per_micro_batch each step's rows are planned together (`packing.token_budget_plan`):
+    micro-batches within the budget, the same number on every rank, tokens balanced across ranks.
+    """
+    steps = trainer.optimizer_steps
+    ranks = [range(len(widths))[near_equal_slice(len(widths), parts, rank)] for rank in range(parts)]
+    plan = []
+    for step in range(steps):
+        members = [list(mine[near_equal_slice(len(mine), steps, step)]) for mine in ranks]
+        if trainer.max_tokens_per_micro_batch:
+            pool = [row for mine in members for row in mine]
+            micro = token_budget_plan([widths[row] for row in pool], ranks=parts,
+                                      max_tokens=trainer.max_tokens_per_micro_batch)[index]
+            plan.append([[pool[i] for i in mb] for mb in micro])
+        else:
+            plan.append(fixed_size_plan(members, trainer.micro_batch_size)[index])
+    return plan

@@ -81,7 +81,14 @@ class TrainerConfig:
     """Prompt groups per optimizer step; train_batch_size / ppo_mini_batch_size optimizer steps run on
     each rollout batch (the paper: 512 / 32 = 16)."""
     micro_batch_size: int = 64
-    """Sequences per forward/backward micro-batch on one data-parallel rank."""
+    """Sequences per forward/backward micro-batch on one data-parallel rank (without a token budget)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of a micro-batch (rows x its longest row, in label positions; before FP8's alignment
+    padding). Set: each optimizer step's rows are sorted by length and packed into micro-batches within
+    the budget, the same number on every data-parallel rank and tokens balanced across ranks
+    (trainer/packing.py); micro_batch_size then only sizes the weight-sync check's forward pass. None or
+    0: micro_batch_size rows per micro-batch in batch order. Must hold the longest row,
+    rollout.max_prompt_length + rollout.max_response_length."""
 
     dynamic_sampling: bool = True
     """Drop groups whose samples are all right or all wrong and keep generating until the batch is full."""
@@ -113,6 +120,9 @@ class TrainerConfig:
                      "gen_batch_size", "max_gen_rounds", "max_carry_groups"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 0:
+            raise ValueError("trainer.max_tokens_per_micro_batch must be >= 0 (0 or null: fixed micro_batch_size); "
+                             f"got {self.max_tokens_per_micro_batch}.")
         if self.train_batch_size % self.ppo_mini_batch_size:
             raise ValueError(f"trainer.train_batch_size ({self.train_batch_size}) must be a multiple of "
                              f"trainer.ppo_mini_batch_size ({self.ppo_mini_batch_size}).")
@@ -124,6 +134,11 @@ class TrainerConfig:
         for name in ("save_every", "hf_export_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}.")
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per rollout step."""
+        return self.train_batch_size // self.ppo_mini_batch_size
 
 
 @dataclass

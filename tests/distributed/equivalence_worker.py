@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--micro-batches", type=int, required=True, help="per data-parallel rank")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute, one layer per unit")
+    parser.add_argument("--max-tokens", type=int, help="token-budget micro-batches (dapo): planned by split_rows")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--out", required=True)
@@ -102,7 +103,8 @@ def main() -> None:
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import gather_full_state, load_full_state
     from dapo_megatron.trainer.actor import Actor, PolicyRows, reduce_reports
-    from dapo_megatron.trainer.config import OptimConfig
+    from dapo_megatron.trainer.batch import split_rows
+    from dapo_megatron.trainer.config import OptimConfig, TrainerConfig
     from dapo_megatron.trainer.forward import MicroBatch, run_schedule
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
     from dapo_megatron.trainer.warmup import token_sum
@@ -132,6 +134,7 @@ def main() -> None:
     forward_calls: list[int] = []  # of this stage's first layer: twice per micro-batch under full recompute
     model.decoder.layers[0].register_forward_hook(lambda *_: forward_calls.append(1))
     ddp = wrap_for_training(model, parallel)
+    extra: dict[str, float] = {}
     share = ROWS // layout.dp_size
     mine = slice(layout.dp_rank * share, (layout.dp_rank + 1) * share)
     mb_size = share // args.micro_batches
@@ -146,14 +149,22 @@ def main() -> None:
         optimizer, scheduler = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
         actor = Actor(ddp, optimizer, scheduler, AlgoConfig(loss_agg_mode=args.loss_agg_mode), layout,
                       vocab_size=VOCAB)
-        rows = PolicyRows(tokens=batch["tokens"][mine], response_mask=batch["mask"][mine],
-                          advantages=batch["advantages"][mine], old_log_prob=batch["old_log_prob"][mine])
-        reports = actor.backward(rows, mb_size)
+        rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=batch["advantages"],
+                          old_log_prob=batch["old_log_prob"])
+        # One optimizer step; this rank's rows and micro-batches as the trainer plans them.
+        work = split_rows(rows, layout.dp_size, layout.dp_rank, TrainerConfig(
+            train_batch_size=1, ppo_mini_batch_size=1, micro_batch_size=mb_size,
+            max_tokens_per_micro_batch=args.max_tokens))
+        reports = actor.backward(work.rows, work.micro_batch_sizes[0])
+        if args.max_tokens:  # the planned micro-batches must map log-probs back to their rows
+            planned = actor.compute_log_probs(work.rows, work.micro_batch_sizes[0])
+            one_by_one = actor.compute_log_probs(work.rows, 1)
+            extra["log_prob_gap"] = float((planned - one_by_one).abs().max())
     metrics = reduce_reports(reports, layout)
     grads = gather_full_state(ddp, cfg, layout, tensor_of=lambda p: p.main_grad)
     if layout.rank == 0:
         torch.save({"loss": metrics["loss"], "units": metrics["units"], "grads": grads,
-                    "layer_forward_calls": len(forward_calls)}, args.out)
+                    "layer_forward_calls": len(forward_calls), **extra}, args.out)
     shutdown()
 
 

@@ -59,6 +59,38 @@ def test_layout_gives_the_whole_batch_gradient(reference: dict, workdir: Path, o
     assert_same_gradients(torch.load(out), reference[objective]["formula"])
 
 
+# A budget for this batch's row widths (5-13 label positions): 30 tokens pack 4 micro-batches; halving
+# two of them balances the DP ranks better, so each runs 3 (of 2, 1 and 1 rows), and rows of different
+# counts and widths pass between the pipeline stages. One DP2 x PP2 run covers both, at the cost of one
+# torchrun.
+TOKEN_BUDGET, BUDGET_LAYOUT = 30, (1, 2, 4)  # tp, pp, processes
+
+
+def test_token_budget_micro_batches_give_the_whole_batch_gradient(reference: dict, workdir: Path) -> None:
+    tp, pp, nproc = BUDGET_LAYOUT
+    out = workdir / "budget_dp2xpp2.pt"
+    torchrun(WORKER, nproc, "--objective", "dapo", "--tp", str(tp), "--pp", str(pp), "--micro-batches", "1",
+             "--max-tokens", str(TOKEN_BUDGET), "--dir", str(workdir), "--out", str(out))
+    result = torch.load(out)
+    assert_same_gradients(result, reference["dapo"]["formula"])
+    assert result["log_prob_gap"] < 1e-5
+
+
+def test_token_budget_plan_is_uneven(reference: dict, workdir: Path) -> None:
+    # What makes the test above meaningful: micro-batches of different row counts, and DP ranks holding
+    # other rows than the contiguous halves of the batch.
+    from dapo_megatron.trainer.actor import PolicyRows
+    from dapo_megatron.trainer.batch import split_rows
+    from dapo_megatron.trainer.config import TrainerConfig
+
+    batch = torch.load(workdir / "dapo_batch.pt")
+    rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.arange(len(batch["mask"])))
+    config = TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1, max_tokens_per_micro_batch=TOKEN_BUDGET)
+    shares = [split_rows(rows, 2, rank, config) for rank in range(2)]
+    assert [share.micro_batch_sizes for share in shares] == [[[2, 1, 1]], [[2, 1, 1]]]
+    assert shares[0].rows.advantages.tolist() != list(range(len(rows) // 2))
+
+
 @pytest.mark.parametrize("layout", ["mb4", "dp2"])
 def test_sequence_mean_ablation_is_exact_too(reference: dict, workdir: Path, layout: str) -> None:
     tp, pp, nproc, micro = LAYOUTS[layout]

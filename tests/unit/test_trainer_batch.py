@@ -1,0 +1,105 @@
+"""A rollout batch split over data-parallel ranks, optimizer steps and micro-batches (trainer/batch.py,
+PolicyRows.micro_batches): the fixed split of old, the token-budget plan, and what neither may change."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dapo_megatron import config as C
+from dapo_megatron.algo.config import AlgoConfig
+from dapo_megatron.trainer.actor import PolicyRows, dapo_loss_fn, micro_batch_sizes
+from dapo_megatron.trainer.batch import split_rows
+from dapo_megatron.trainer.config import TrainerConfig
+
+
+def numbered_rows(widths: list[int]) -> PolicyRows:
+    """Rows of the given widths (label positions; a 2-token prompt, then the response); the advantage of
+    row i is i, so a row can be recognised after it has been moved. tokens: [n, max + 1]."""
+    n, length = len(widths), max(widths)
+    mask = torch.zeros(n, length)
+    for row, width in enumerate(widths):
+        mask[row, 1:width] = 1.0
+    tokens = torch.arange(n * (length + 1)).reshape(n, length + 1) % 97
+    return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.arange(n, dtype=torch.float32),
+                      old_log_prob=torch.randn(n, length))
+
+
+def ids(rows: PolicyRows) -> list[int]:
+    return [int(a) for a in rows.advantages]
+
+
+def trainer(steps: int, micro_batch_size: int = 2, budget: int | None = None) -> TrainerConfig:
+    return TrainerConfig(train_batch_size=steps, ppo_mini_batch_size=1, micro_batch_size=micro_batch_size,
+                         max_tokens_per_micro_batch=budget)
+
+
+def test_fixed_micro_batches_keep_the_contiguous_split() -> None:
+    rows = numbered_rows([3] * 10)
+    share = split_rows(rows, 2, 1, trainer(steps=2))
+    assert ids(share.rows) == [5, 6, 7, 8, 9]
+    assert share.micro_batch_sizes == [[2], [2, 1]]  # steps of 2 and 3 rows, micro-batches of 2
+    assert [ids(mini) for mini, _ in share.mini_batches()] == [[5, 6], [7, 8, 9]]
+
+
+WIDTHS = [int(w) for w in torch.randint(2, 40, (37,), generator=torch.Generator().manual_seed(0))]
+
+
+@pytest.mark.parametrize(("ranks", "steps"), [(1, 3), (3, 4), (4, 2)])
+def test_optimizer_steps_train_on_the_same_rows_with_a_token_budget(ranks: int, steps: int) -> None:
+    rows = numbered_rows(WIDTHS)
+    per_step: dict[str, list[set[int]]] = {}
+    for name, config in {"fixed": trainer(steps), "budget": trainer(steps, budget=60)}.items():
+        shares = [split_rows(rows, ranks, rank, config) for rank in range(ranks)]
+        per_step[name] = [set().union(*(ids(share.mini_batches()[step][0]) for share in shares))
+                          for step in range(steps)]
+        assert sorted(i for share in shares for i in ids(share.rows)) == list(range(len(WIDTHS)))
+    assert per_step["budget"] == per_step["fixed"]
+
+
+def test_token_budget_shares_are_planned_micro_batches() -> None:
+    rows = numbered_rows(WIDTHS)
+    shares = [split_rows(rows, 3, rank, trainer(steps=2, budget=60)) for rank in range(3)]
+    for step in range(2):
+        assert len({len(share.micro_batch_sizes[step]) for share in shares}) == 1, "unequal forward passes"
+    for share in shares:
+        for mb in share.rows.micro_batches(share.all_micro_batch_sizes):
+            assert mb.tokens.numel() <= 60
+            # Each micro-batch is cut to its longest row, and that row carries real tokens up to its end.
+            assert mb.loss_mask[:, -1].any()
+    assert len({size for share in shares for size in share.all_micro_batch_sizes}) > 1, "rows per micro-batch vary"
+
+
+def test_micro_batches_follow_the_sizes_and_an_empty_one_adds_nothing() -> None:
+    rows = numbered_rows([4, 7, 2])
+    rows.response_mask[0, 0] = 1.0  # a one-token prompt: the token the placeholder borrows is a response token
+    micro = rows.micro_batches([2, 0, 1])
+    assert [tuple(mb.tokens.shape) for mb in micro] == [(2, 7), (1, 1), (1, 2)]
+    assert micro[2].advantages.tolist() == [2.0]
+    # The placeholder for an empty micro-batch: its loss, unit count and gradient are zero.
+    layout = SimpleNamespace(tp_size=1, tp_group=None)
+    loss_fn = dapo_loss_fn(AlgoConfig(), layout, vocab_size=97, temperature=1.0)
+    logits = torch.randn(1, 1, 97, requires_grad=True)
+    loss_sum, units, _ = loss_fn(micro[1], logits)
+    loss_sum.backward()
+    assert float(loss_sum.detach()) == 0.0 and int(units) == 0
+    assert torch.count_nonzero(logits.grad) == 0
+
+
+def test_micro_batch_sizes_from_a_size_or_a_plan() -> None:
+    assert micro_batch_sizes(5, 2) == [2, 2, 1]
+    assert micro_batch_sizes(5, [3, 0, 2]) == [3, 0, 2]
+    with pytest.raises(ValueError, match="do not add up to the 5 rows"):
+        micro_batch_sizes(5, [3, 1])
+
+
+def test_budget_below_the_longest_row_is_a_config_error() -> None:
+    job = C.load([])
+    longest = job.rollout.max_prompt_length + job.rollout.max_response_length
+    with pytest.raises(C.ConfigError, match=f"trainer.max_tokens_per_micro_batch={longest - 1} cannot hold"):
+        C.load([f"trainer.max_tokens_per_micro_batch={longest - 1}"])
+    assert C.load([f"trainer.max_tokens_per_micro_batch={longest}"]).trainer.max_tokens_per_micro_batch == longest
+    with pytest.raises(C.ConfigError, match="max_tokens_per_micro_batch must be >= 0"):
+        C.load(["trainer.max_tokens_per_micro_batch=-1"])
