@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""End to end against a peer: this project's DAPO trainer versus Hugging Face TRL's GRPOTrainer configured as
+DAPO, same task, base model, batch, response length, learning rate and optimizer steps per rollout batch, on
+the same CPU, one after the other.
+
+    python bench/bench_e2e_trl.py [--sizes demo large] [--steps N] [--quick] [--json PATH] [--trl-python PY]
+
+TRL lives in its own virtual environment, never in .venv (see requirements-bench.txt):
+    python3.11 -m venv /tmp/benchvenv && /tmp/benchvenv/bin/pip install torch==2.13.0 \
+        && /tmp/benchvenv/bin/pip install -r requirements-bench.txt
+and runs as a subprocess (bench/trl_dapo_worker.py) with that interpreter (`--trl-python`, default
+$BENCH_TRL_PYTHON or /tmp/benchvenv/bin/python).
+
+Sizes:
+  * demo: the demo's base (tools/make_demo_base.py, 165k parameters), 32 prompts x 16 samples, 16-token
+    responses, lr 3e-4, 4 optimizer steps per rollout batch: configs/experiment/demo.yaml.
+  * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
+    built by the same warm-up with model overrides, 8 prompts x 8 samples, responses up to 128 tokens,
+    lr 1e-4, 4 optimizer steps per rollout batch. The addition task's answers are ~10 tokens, so responses
+    stay short unless the policy rambles: the 128-token budget is a cap here, not the typical length
+    (bench/RESULTS.md says what a long-answer task would need).
+Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
+the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: this
+project's trainer runs dynamic sampling (DAPO's, streaming), TRL trains on every group, including those
+whose advantages are all zero; TRL generates with `model.generate` in-process, this project with SGLang.
+
+Reported per side (medians over steps, with p10/p90): wall seconds per rollout step (evaluation excluded),
+trained samples/s, generated samples/s, generated response tokens/s (this project: estimated from the kept
+samples' mean length), held-out greedy accuracy after the same steps, and the wall time, from launch with
+start-up included and evaluation excluded, until held-out accuracy first reaches --target-acc. Printed last:
+`e2e_throughput_vs_trl[_demo]` (trained samples/s, this project / TRL) and `time_to_accuracy_vs_trl[_demo]`
+(this project / TRL; None when either side did not reach the target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trainer_runs import (
+    DEMO_BASE,
+    REPO,
+    bench_env,
+    describe,
+    ensure_base,
+    fmt,
+    ratio,
+    spread,
+    tail,
+    train_run,
+)
+
+LARGE_MODEL = ("model.hidden_size=512", "model.num_layers=10", "model.ffn_hidden_size=1536",
+               "model.num_attention_heads=8", "model.num_query_groups=2")
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    base: Path
+    model: tuple[str, ...]  # model overrides: the warm-up builds it and the trainer loads it with the same shape
+    prompts: int
+    group: int
+    mini_batch: int
+    max_new_tokens: int
+    overlong_buffer: int
+    lr: float
+    steps: int
+    eval_every: int
+    eval_problems: int
+    target_acc: float
+    suffix: str  # of the printed keys
+
+
+SIZES = {
+    "demo": Size("demo", DEMO_BASE, (), prompts=32, group=16, mini_batch=8, max_new_tokens=16, overlong_buffer=4,
+                 lr=3e-4, steps=40, eval_every=5, eval_problems=200, target_acc=0.4, suffix="_demo"),
+    "large": Size("large", REPO / "outputs" / "bench_base_30m", LARGE_MODEL, prompts=8, group=8, mini_batch=2,
+                  max_new_tokens=128, overlong_buffer=16, lr=1e-4, steps=20, eval_every=5, eval_problems=100,
+                  target_acc=0.4, suffix=""),
+}
+
+
+def quick(size: Size) -> Size:
+    """A smoke test: two tiny rollout steps, a handful of evaluation problems."""
+    return replace(size, prompts=4, group=4, mini_batch=2, steps=2, eval_every=1, eval_problems=10,
+                   max_new_tokens=min(size.max_new_tokens, 32))
+
+
+def ours(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+    overrides = [f"model.hf_dir={size.base}", *size.model, f"seed={args.seed}", f"trainer.total_steps={size.steps}",
+                 f"trainer.train_batch_size={size.prompts}", f"trainer.ppo_mini_batch_size={size.mini_batch}",
+                 f"trainer.gen_batch_size={size.prompts * 3 // 2}", f"rollout.n_samples_per_prompt={size.group}",
+                 f"rollout.max_response_length={size.max_new_tokens}",
+                 f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
+                 f"eval.every={size.eval_every}", f"eval.num_problems={size.eval_problems}", "trainer.save_every=0"]
+    if args.quick:  # an untrained quick base rarely yields informative groups; a smoke test must not stall on it
+        overrides += ["trainer.dynamic_sampling=false"]
+    records = train_run(overrides, scratch / f"ours_{size.name}", timeout=args.timeout)
+    trained = size.prompts * size.group
+    steps, evals, eval_s = [], [], 0.0
+    for record in records:
+        m = record.metrics
+        eval_s += m.get("timing_s/eval", 0.0)
+        if "eval/accuracy" in m:
+            evals.append((int(m["step"]), m["eval/accuracy"], record.seconds - eval_s))
+        if m["step"] > 0 and "timing_s/step" in m:
+            seconds = m["timing_s/step"] - m.get("timing_s/eval", 0.0)
+            generated = m.get("dynamic_sampling/samples_per_kept", 1.0) * trained
+            steps.append({"seconds": seconds, "trained": trained, "generated": generated,
+                          "tokens": generated * m["rollout/response_length"]})
+    startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
+    return summarise(steps, evals, startup, size)
+
+
+def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out = scratch / f"trl_{size.name}.jsonl"
+    command = [args.trl_python, str(REPO / "bench" / "trl_dapo_worker.py"), f"--base={size.base}", f"--out={out}",
+               f"--steps={size.steps}", f"--prompts={size.prompts}", f"--group={size.group}",
+               f"--mini-batch={size.mini_batch}", f"--max-new-tokens={size.max_new_tokens}",
+               f"--overlong-buffer={size.overlong_buffer}", f"--lr={size.lr}", f"--eval-every={size.eval_every}",
+               f"--eval-problems={size.eval_problems}", f"--seed={args.seed}"]
+    log = scratch / f"trl_{size.name}.log"
+    launched = time.time()
+    with log.open("w") as f:
+        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(),
+                              timeout=args.timeout).returncode
+    if code != 0:
+        raise RuntimeError(f"TRL run exited with {code}; end of its log:\n{tail(log)}")
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    steps, evals = [], []
+    for before, after in itertools.pairwise(lines):
+        generated = after["samples"] - before["samples"]
+        steps.append({"seconds": after["time"] - before["time"] - (after["eval_s"] - before["eval_s"]),
+                      "trained": generated, "generated": generated, "tokens": after["tokens"] - before["tokens"]})
+    for line in lines:
+        if line["eval_accuracy"] is not None:
+            # The stamp is taken before that evaluation ran: subtract only the earlier evaluations.
+            own = line["eval_s"] - max((x["eval_s"] for x in lines if x["step"] < line["step"]), default=0.0)
+            evals.append((line["step"], line["eval_accuracy"], line["time"] - launched - (line["eval_s"] - own)))
+    return summarise(steps, evals, lines[0]["time"] - launched, size)
+
+
+def summarise(steps: list[dict[str, float]], evals: list[tuple[int, float, float]], startup: float,
+              size: Size) -> dict[str, Any]:
+    # Each step's own rates, then the median over steps: one slow stretch of the shared machine moves the
+    # spread, not the answer.
+    reached = next(((step, seconds) for step, acc, seconds in evals if acc >= size.target_acc), None)
+    return {
+        "step_seconds": spread([s["seconds"] for s in steps]),
+        "trained_samples_per_s": spread([s["trained"] / s["seconds"] for s in steps]),
+        "generated_samples_per_s": spread([s["generated"] / s["seconds"] for s in steps]),
+        "generated_tokens_per_s": spread([s["tokens"] / s["seconds"] for s in steps]),
+        "startup_seconds": startup,
+        "eval_accuracy": [(step, acc) for step, acc, _ in evals],
+        "final_eval_accuracy": evals[-1][1] if evals else None,
+        "target_accuracy": size.target_acc,
+        "reached_at_step": reached[0] if reached else None,
+        "time_to_accuracy_s": reached[1] if reached else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--steps", type=int, help="rollout steps per run (default: per size)")
+    parser.add_argument("--target-acc", type=float, help="held-out accuracy for time-to-accuracy (default: per size)")
+    parser.add_argument("--demo-base", type=Path, default=SIZES["demo"].base)
+    parser.add_argument("--large-base", type=Path, default=SIZES["large"].base)
+    parser.add_argument("--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+    if not Path(args.trl_python).exists():
+        parser.error(f"no TRL environment at {args.trl_python}: create it as the docstring says (--help)")
+
+    results: dict[str, Any] = {}
+    summary: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.sizes:
+            size = replace(SIZES[name], base=args.demo_base if name == "demo" else args.large_base)
+            warmup: tuple[str, ...] = size.model
+            if args.quick:
+                size = quick(size)
+                if name == "large":  # 2 warm-up steps: a shape check of the whole path, not a policy
+                    size = replace(size, base=Path(scratch) / "large_base")
+                    warmup += ("warmup.max_steps=2", "warmup.eval_size=8")
+            size = replace(size, steps=args.steps or size.steps, target_acc=args.target_acc or size.target_acc)
+            ensure_base(size.base, warmup)
+            # TRL first, then ours; never both at once (two cores).
+            results[name] = {"config": {k: str(v) for k, v in vars(size).items()},
+                             "trl": trl(size, Path(scratch), args), "ours": ours(size, Path(scratch), args)}
+            theirs, mine = results[name]["trl"], results[name]["ours"]
+            for side, r in (("trl", theirs), ("ours", mine)):
+                print(f"{name} {side:4s} {describe('s/step', r['step_seconds'])}; "
+                      f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
+                      f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; start-up "
+                      f"{r['startup_seconds']:.1f}s; eval acc {r['eval_accuracy']}; time to "
+                      f"{size.target_acc}: {r['time_to_accuracy_s']}")
+            summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(mine["trained_samples_per_s"]["median"],
+                                                                   theirs["trained_samples_per_s"]["median"])
+            summary[f"e2e_generated_tokens_per_s_vs_trl{size.suffix}"] = ratio(
+                mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"])
+            summary[f"time_to_accuracy_vs_trl{size.suffix}"] = ratio(mine["time_to_accuracy_s"],
+                                                                     theirs["time_to_accuracy_s"])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"quick": args.quick, "sizes": results, **summary}, indent=2))
+    # The headline ratios last, as bench/run.py reads them.
+    for key in sorted(summary, key=lambda k: (not k.startswith("e2e_generated"), k)):
+        print(f"{key} {fmt(summary[key])}")
+
+
+if __name__ == "__main__":
+    main()
