@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""Weight-sync throughput: Megatron policy -> real SGLang engine on CPU, versus a plain memory copy.
+"""Weight-sync throughput: Megatron policy -> real SGLang engine on CPU, versus a plain memory copy, for
+each `rollout.sync_method` in the same run (same model, same engine).
 
-    python bench/bench_weight_sync.py [--layers 12 --hidden 768 --vocab 32000 --repeats 3]
+    python bench/bench_weight_sync.py [--layers 12 --hidden 768 --vocab 32000 --repeats 3 --methods tensor distributed]
 
 Default: a ~110M-parameter Qwen2 in fp32 (~440 MB). Each sync is timed end to end (begin session, per-
-parameter gather, HF mapping, bucket flattening into shared memory, serialisation, the engine's copy into
-its model, end session); the baseline copies the same number of bytes from one buffer to another in this
-process, in the same run. Prints medians and the ratio last: `sync_bytes_per_s_vs_memcpy`.
+parameter gather, HF mapping, bucket flattening into the staging buffer, then either serialisation and the
+engine's copy out of shared memory (`tensor`) or a gloo broadcast into the engine (`distributed`), the
+engine's load into its model, end session). Opening the distributed path's process group happens once, before
+the timed syncs, as in training. The baseline copies the same number of bytes from one buffer to another in
+this process, in the same run. Prints medians and, per method, `<method>_sync_bytes_per_s_vs_memcpy`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", choices=["tensor", "distributed"], default=["tensor", "distributed"])
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
 
@@ -40,7 +44,7 @@ def main() -> None:
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
-    from dapo_megatron.rollout.weight_sync import TensorWeightSync
+    from dapo_megatron.rollout.weight_sync import SYNC_METHODS
 
     cfg = ModelConfig(num_layers=args.layers, hidden_size=args.hidden, ffn_hidden_size=4 * args.hidden,
                       num_attention_heads=args.hidden // 64, num_query_groups=max(args.hidden // 256, 1),
@@ -54,13 +58,16 @@ def main() -> None:
         layout = initialize(ParallelConfig(), seed=0)
         model = build_gpt_model(cfg, ParallelConfig(), layout)
         rollout = RolloutConfig(max_total_tokens=2048, startup_timeout_s=600)
+        sync_s: dict[str, list[float]] = {}
         with SGLangEngine(hf_dir, rollout, log_file=Path(scratch) / "engine.log") as engine:
-            sync = TensorWeightSync([engine.url], cfg, layout, bucket_bytes=args.bucket_mb * 2**20)
-            sync_s = []
-            for i in range(args.repeats):
-                started = time.perf_counter()
-                sync.sync(model, f"bench-{i}")
-                sync_s.append(time.perf_counter() - started)
+            for method in args.methods:
+                sync = SYNC_METHODS[method]([engine.url], cfg, layout, bucket_bytes=args.bucket_mb * 2**20)
+                sync_s[method] = []
+                for i in range(args.repeats):
+                    started = time.perf_counter()
+                    sync.sync(model, f"{method}-{i}")
+                    sync_s[method].append(time.perf_counter() - started)
+                sync.close()
         shutdown()
 
     source, target = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
@@ -70,16 +77,19 @@ def main() -> None:
         target.copy_(source)
         copy_s.append(time.perf_counter() - started)
 
-    sync_rate, copy_rate = nbytes / statistics.median(sync_s), nbytes / statistics.median(copy_s)
-    results = {"model_parameters": cfg.num_parameters(), "bytes": nbytes,
-               "sync_seconds": sync_s, "memcpy_seconds": copy_s,
-               "sync_bytes_per_s": sync_rate, "memcpy_bytes_per_s": copy_rate,
-               "sync_bytes_per_s_vs_memcpy": sync_rate / copy_rate}
+    copy_rate = nbytes / statistics.median(copy_s)
+    results: dict[str, object] = {"model_parameters": cfg.num_parameters(), "bytes": nbytes, "memcpy_seconds": copy_s,
+                                  "memcpy_bytes_per_s": copy_rate}
     print(f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of {args.bucket_mb} MiB")
-    print(f"sync   median {statistics.median(sync_s):.2f}s  (runs: {', '.join(f'{s:.2f}' for s in sync_s)})  "
-          f"{sync_rate / 2**30:.2f} GiB/s")
     print(f"memcpy median {statistics.median(copy_s):.3f}s  {copy_rate / 2**30:.2f} GiB/s")
-    print(f"sync_bytes_per_s_vs_memcpy {results['sync_bytes_per_s_vs_memcpy']:.3f}")
+    for method, seconds in sync_s.items():
+        rate = nbytes / statistics.median(seconds)
+        results |= {f"{method}_sync_seconds": seconds, f"{method}_sync_bytes_per_s": rate,
+                    f"{method}_sync_bytes_per_s_vs_memcpy": rate / copy_rate}
+        print(f"{method:<11} sync median {statistics.median(seconds):.2f}s  "
+              f"(runs: {', '.join(f'{s:.2f}' for s in seconds)})  {rate / 2**30:.2f} GiB/s")
+    for method in sync_s:
+        print(f"{method}_sync_bytes_per_s_vs_memcpy {results[f'{method}_sync_bytes_per_s_vs_memcpy']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -2,15 +2,20 @@
 
 Megatron shards (any TP x PP, any DP) -> one full parameter at a time (TP all-gather) -> Hugging Face
 tensors through `models.hf_mapping` (the same mapping the converters use) -> buckets of at most
-`rollout.sync_bucket_mb` -> SGLang's `update_weights_from_tensor` with `load_format="flattened_bucket"`,
-between `begin_weight_update` and `end_weight_update` (required from SGLang 0.5.21 on).
+`rollout.sync_bucket_mb` -> the engine, between `begin_weight_update` and `end_weight_update` (required
+from SGLang 0.5.21 on). Each bucket is a single uint8 buffer in SGLang's flattened-bucket layout.
 
 Each pipeline stage pushes its own layers (from its data-parallel rank 0, tensor-parallel rank 0), so
-nothing is funnelled through one rank and at most one bucket beyond the model is alive per stage. A
-bucket is a single uint8 buffer: CUDA memory on GPU (the engine opens it through a CUDA IPC handle), and
-shared memory on CPU (torch's `file_system` sharing strategy: the engine is an unrelated process and cannot
-receive file descriptors). The request returns after the engine has copied the weights, so the buffer is
-freed right after.
+nothing is funnelled through one rank and at most one bucket beyond the model is alive per stage.
+
+Two transports (`rollout.sync_method`):
+- `tensor`: `update_weights_from_tensor`. The bucket is CUDA memory on GPU (the engine opens it through a
+  CUDA IPC handle) and shared memory on CPU (torch's `file_system` sharing strategy: the engine is an
+  unrelated process and cannot receive file descriptors). The request returns after the engine has copied
+  the weights, so the buffer is free again right after.
+- `distributed`: `update_weights_from_distributed`. Each sending rank opens, once, a gloo process group with
+  every rank of every engine (`UpdateGroup`, outside the trainer's own torch.distributed world) and
+  broadcasts each bucket over it while the engine's request for that bucket is in flight.
 
 SGLang answers `success: true` for tensor names it does not know and ignores them, so an HTTP status
 proves nothing: `check_sync` compares the engine's log-probs with the trainer's on a probe batch.
@@ -19,12 +24,17 @@ proves nothing: `check_sync` compares the engine's log-probs with the trainer's 
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
 import io
+import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import requests
 import torch
@@ -110,8 +120,9 @@ def serialize(payload: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-class TensorWeightSync:
-    """Pushes the policy into one or more SGLang engines (each receives every tensor)."""
+class WeightSync:
+    """Pushes the policy into one or more SGLang engines (each receives every tensor); subclasses choose how
+    a bucket travels (`_push`)."""
 
     def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
                  bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
@@ -121,10 +132,6 @@ class TensorWeightSync:
         self.engine_tp_size = engine_tp_size
         self.timeout_s = timeout_s
         self._staging: torch.Tensor | None = None
-        if layout.device.type == "cpu":
-            # The default strategy passes file descriptors, which only processes sharing our multiprocessing
-            # authkey can receive; SGLang's scheduler would fail to unpickle and crash (measured).
-            torch.multiprocessing.set_sharing_strategy("file_system")
 
     @property
     def is_sender(self) -> bool:
@@ -160,17 +167,173 @@ class TensorWeightSync:
         return SyncStats(version=version, seconds=time.perf_counter() - started, bytes=sent_bytes,
                          buckets=sent_buckets)
 
+    def close(self) -> None:
+        """Release what the transport holds between syncs (nothing by default). Idempotent."""
+
     def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
-        nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
-        if self.layout.device.type == "cpu" and (self._staging is None or self._staging.numel() < nbytes):
-            # One shared buffer for every bucket of every sync: the engine has copied a bucket out of it
-            # before its request returns, and re-faulting fresh shared memory each time dominated the sync.
-            self._staging = shared_buffer(max(nbytes, min(self.bucket_bytes, 2**30)))
-        push_bucket(self.urls, bucket, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
-                    staging=self._staging)
+        """Deliver one bucket to every engine; raise WeightSyncError if one refuses it."""
+        raise NotImplementedError
+
+    def _host_staging(self, nbytes: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """One host buffer for every bucket of every sync, grown when a bucket does not fit. Each push has
+        finished with it before returning, and allocating (for shared memory: re-faulting) a fresh buffer
+        per bucket dominated the sync (measured)."""
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = None  # drop the old one before allocating its successor
+            self._staging = allocate(max(nbytes, min(self.bucket_bytes, 2**30)))
+        return self._staging
 
     def _post_all(self, path: str, body: dict[str, Any]) -> None:
         post_all(self.urls, path, body, timeout_s=self.timeout_s)
+
+
+class TensorWeightSync(WeightSync):
+    """`update_weights_from_tensor`: the engine maps each bucket (shared memory on CPU, CUDA IPC on GPU)."""
+
+    def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
+        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
+                         timeout_s=timeout_s)
+        if layout.device.type == "cpu":
+            # The default strategy passes file descriptors, which only processes sharing our multiprocessing
+            # authkey can receive; SGLang's scheduler would fail to unpickle and crash (measured).
+            torch.multiprocessing.set_sharing_strategy("file_system")
+
+    def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
+        # On GPU every bucket gets a fresh device buffer: the engine's copy out of an IPC handle is not
+        # synchronised with our next write into it.
+        staging = None
+        if self.layout.device.type == "cpu":
+            staging = self._host_staging(sum(t.numel() * t.element_size() for _, t in bucket), shared_buffer)
+        push_bucket(self.urls, bucket, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
+                    staging=staging)
+
+
+class DistributedWeightSync(WeightSync):
+    """`update_weights_from_distributed`: each sending rank (one per pipeline stage) broadcasts its buckets over
+    its own `UpdateGroup`, opened here once and closed by `close()`."""
+
+    def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
+        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
+                         timeout_s=timeout_s)
+        # SGLang broadcasts from group rank 0 only, so a group has exactly one trainer rank: one group per
+        # stage, named apart because the engine holds them all at once.
+        self.group = UpdateGroup(self.urls, name=f"dapo-weight-sync-pp{layout.pp_rank}", engine_tp_size=engine_tp_size,
+                                 timeout_s=timeout_s) if self.is_sender else None
+
+    def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
+        assert self.group is not None, "only sending ranks push"
+        staging = self._host_staging(sum(t.numel() * t.element_size() for _, t in bucket), _host_buffer)
+        self.group.push(bucket, version=version, staging=staging)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+
+
+SYNC_METHODS: dict[str, type[WeightSync]] = {"tensor": TensorWeightSync, "distributed": DistributedWeightSync}
+"""`rollout.sync_method` -> the class that implements it."""
+
+
+def _host_buffer(nbytes: int) -> torch.Tensor:
+    # Private memory: the bucket leaves through a socket, and /dev/shm is often small in containers.
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+class UpdateGroup:
+    """A gloo process group made of this trainer process (group rank 0, the only sender) and every rank of
+    the given engines (engine i's TP rank r is 1 + i * engine_tp_size + r), for SGLang's
+    `update_weights_from_distributed`. Opening it is collective with the engines; close it once.
+
+    The group lives outside the trainer's own torch.distributed world: its own TCP store, served from this
+    process, and a gloo group built by SGLang's `init_custom_process_group`, the helper the engine uses for its
+    end, so both ends set gloo up with the same code. The engine reaches the store through
+    `rendezvous("tcp://host:port")` and prefixes it with the group name (sglang/srt/utils/common.py:2899-2905);
+    we serve the store ourselves and apply the same prefix, because our own `rendezvous` would, under torchrun
+    (TORCHELASTIC_USE_AGENT_STORE), only dial a store it expects the elastic agent to serve, and wait forever.
+    Gloo, not NCCL, also on GPU: a colocated engine shares the sender's GPU, and NCCL refuses two ranks of one
+    communicator on one device.
+    """
+
+    def __init__(self, engine_urls: Sequence[str], *, name: str, engine_tp_size: int, timeout_s: float) -> None:
+        from sglang.srt.utils.common import init_custom_process_group
+
+        self.urls, self.name, self.timeout_s = list(engine_urls), name, timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="weight-sync")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        host = _address_towards(self.urls[0])
+        world_size = 1 + len(self.urls) * engine_tp_size
+        # Port 0: the OS picks a free one. Not waiting for the engines here: gloo's connection set-up below does.
+        store = torch.distributed.TCPStore(host, 0, world_size, is_master=True, timeout=timeout,
+                                           wait_for_workers=False)
+        # Each engine's request returns once its ranks have joined, which needs our end of the group.
+        answers = [self._pool.submit(post_all, [url], "/init_weights_update_group", {
+            "master_address": host, "master_port": store.port, "rank_offset": 1 + i * engine_tp_size,
+            "world_size": world_size, "group_name": name, "backend": "gloo"}, timeout_s=timeout_s)
+            for i, url in enumerate(self.urls)]
+        try:
+            self.group: torch.distributed.ProcessGroup | None = init_custom_process_group(
+                backend="gloo", store=torch.distributed.PrefixStore(name, store), world_size=world_size, rank=0,
+                group_name=name, timeout=timeout)
+        except Exception as failure:
+            refusals = [str(a.exception()) for a in answers if a.done() and a.exception() is not None]
+            raise WeightSyncError(f"could not open the weight-update group {name!r} with {self.urls}: {failure}; "
+                                  f"engine answers: {refusals or 'none yet'}") from failure
+        _results(answers)
+
+    def push(self, bucket: Sequence[tuple[str, torch.Tensor]], *, version: str,
+             staging: torch.Tensor | None = None) -> None:
+        """One `update_weights_from_distributed` request per engine (inside a begin/end weight-update session),
+        answered after the engine has received the bucket from our broadcast and loaded it."""
+        if self.group is None:
+            raise WeightSyncError(f"the weight-update group {self.name!r} is closed, or broken by an earlier failure")
+        payload = flatten_bucket(bucket, staging)
+        metadata = payload["metadata"]
+        body = {"names": [m.name for m in metadata], "dtypes": [str(m.dtype).removeprefix("torch.") for m in metadata],
+                "shapes": [list(m.shape) for m in metadata], "group_name": self.name,
+                "load_format": "flattened_bucket", "flush_cache": True, "weight_version": version}
+        answers = [self._pool.submit(post_all, [url], "/update_weights_from_distributed", body,
+                                     timeout_s=self.timeout_s) for url in self.urls]
+        sent = torch.distributed.broadcast(payload["flattened_tensor"], group=self.group, group_src=0, async_op=True)
+        # An engine that refuses the request (no session, a dtype it cannot build) never joins the broadcast:
+        # its answer is the only news, so wait on the answers and fail on the first refusal.
+        try:
+            _results(answers)
+        except WeightSyncError:
+            # Our send may still be pending and would be matched with the engine's next receive: the group's
+            # collectives are out of step for good, so it is not used again.
+            self.group = None
+            raise
+        sent.wait()
+
+    def close(self) -> None:
+        """Tear down both ends. Best effort on the engine's: at shutdown it may already be gone, and its end of
+        the group dies with it."""
+        group, self.group = self.group, None
+        self._pool.shutdown()
+        if group is None:
+            return
+        with contextlib.suppress(WeightSyncError):
+            post_all(self.urls, "/destroy_weights_update_group", {"group_name": self.name},
+                     timeout_s=min(self.timeout_s, 30.0))
+        torch.distributed.destroy_process_group(group)
+
+
+def _results(answers: Sequence[Future[None]]) -> None:
+    """Wait for every future; raise the first failure as soon as it happens."""
+    done, _ = wait(answers, return_when=FIRST_EXCEPTION)  # all of them, unless one failed
+    for answer in done:
+        answer.result()
+
+
+def _address_towards(url: str) -> str:
+    """This host's address on the route to `url`'s host: what the engine must dial to reach our TCP store
+    (127.0.0.1 for a local engine). Connecting a UDP socket sends nothing; it only picks the route."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
 
 
 def push_bucket(urls: Sequence[str], bucket: Sequence[tuple[str, torch.Tensor]], *, version: str,

@@ -20,7 +20,7 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
-from dapo_megatron.rollout.weight_sync import TensorWeightSync, check_sync
+from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
@@ -50,6 +50,7 @@ class Session:
         self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
                            temperature=job.rollout.temperature)
         self.engine = self.client = self.rewards = self.rollouts = None
+        self.sync: WeightSync | None = None
         self.eval_prompts: list[Prompt] = []
         self.start_step = self._load_initial_state()
         self._last_check = -1
@@ -62,14 +63,15 @@ class Session:
             self._start_rollout_side()
         urls = [self.engine.url if self.engine is not None else ""]
         torch.distributed.broadcast_object_list(urls, src=0)
-        self.sync = TensorWeightSync(urls, self.job.model, self.layout, bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20,
-                                     engine_tp_size=self.job.rollout.engine_tp_size,
-                                     timeout_s=self.job.rollout.request_timeout_s)
+        self.sync = SYNC_METHODS[self.job.rollout.sync_method](
+            urls, self.job.model, self.layout, bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20,
+            engine_tp_size=self.job.rollout.engine_tp_size, timeout_s=self.job.rollout.request_timeout_s)
         self.probe = self._probe_rows()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for resource in (self.client, self.rewards, self.engine):
+        # The sync first: a distributed sync's group is torn down on the engine's side too, while it still runs.
+        for resource in (self.sync, self.client, self.rewards, self.engine):
             if resource is not None:
                 (resource.shutdown if hasattr(resource, "shutdown") else resource.close)()
 

@@ -1,4 +1,5 @@
-"""The weight-push protocol against a real SGLang engine, and the check that catches ignored names.
+"""The weight-push protocol against a real SGLang engine, through both transports (shared-memory tensors
+and a broadcast over a gloo group), and the check that catches ignored names.
 
 SGLang answers `success: true` for tensor names it does not know and keeps its old weights (for Qwen2:
 fused names such as `qkv_proj`). Only comparing log-probs exposes that, which is what `check_sync` does.
@@ -6,6 +7,7 @@ fused names such as `qkv_proj`). Only comparing log-probs exposes that, which is
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,14 @@ import torch
 
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.engine import SGLangEngine
-from dapo_megatron.rollout.weight_sync import WeightSyncError, buckets, check_sync, post_all, push_bucket
+from dapo_megatron.rollout.weight_sync import (
+    UpdateGroup,
+    WeightSyncError,
+    buckets,
+    check_sync,
+    post_all,
+    push_bucket,
+)
 from tests.conftest import tiny_qwen2
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_log_probs
 
@@ -29,11 +38,23 @@ def new_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
                       max_positions=MAX_POSITIONS, seed=99, eos_token_id=1, pad_token_id=0, initializer_range=0.1)
 
 
-def push(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], version: str) -> None:
-    post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)
-    for bucket in buckets(named, max_bytes=64 * 1024):  # several buckets
-        push_bucket([engine.url], bucket, version=version, engine_tp_size=1, timeout_s=60)
-    post_all([engine.url], "/end_weight_update", {}, timeout_s=60)
+METHODS = ["tensor", "distributed"]
+
+
+def push(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], version: str, method: str) -> None:
+    group = UpdateGroup([engine.url], name="test-push", engine_tp_size=1, timeout_s=60) \
+        if method == "distributed" else None
+    try:
+        post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)
+        for bucket in buckets(named, max_bytes=64 * 1024):  # several buckets
+            if group is not None:
+                group.push(bucket, version=version)
+            else:
+                push_bucket([engine.url], bucket, version=version, engine_tp_size=1, timeout_s=60)
+        post_all([engine.url], "/end_weight_update", {}, timeout_s=60)
+    finally:
+        if group is not None:
+            group.close()
 
 
 def engine_and_expected(engine: SGLangEngine, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,21 +65,41 @@ def engine_and_expected(engine: SGLangEngine, model: torch.nn.Module) -> tuple[t
     return got, want
 
 
-def test_pushed_weights_serve_and_pass_the_check(engine: SGLangEngine, new_model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_pushed_weights_serve_and_pass_the_check(engine: SGLangEngine, new_model: torch.nn.Module, method: str) -> None:
     torch.multiprocessing.set_sharing_strategy("file_system")
-    push(engine, list(new_model.state_dict().items()), "pushed-1")
+    push(engine, list(new_model.state_dict().items()), f"{method}-1", method)
     got, want = engine_and_expected(engine, new_model)
-    assert check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version="pushed-1") < 1e-4
+    assert check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version=f"{method}-1") < 1e-4
 
 
+@pytest.mark.parametrize("method", METHODS)
 def test_unknown_names_are_accepted_but_caught_by_the_check(tiny_model_dir: Path, tmp_path: Path,
-                                                            new_model: torch.nn.Module) -> None:
+                                                            new_model: torch.nn.Module, method: str) -> None:
     torch.multiprocessing.set_sharing_strategy("file_system")
     with SGLangEngine(tiny_model_dir, engine_config(), log_file=tmp_path / "engine.log") as engine:
         fused = []  # what a naive sync might send: Megatron-style fused projections under HF-like names
         for name, tensor in new_model.state_dict().items():
             fused.append((name.replace("q_proj", "qkv_proj").replace("gate_proj", "gate_up_proj"), tensor))
-        push(engine, fused, "fused-1")  # SGLang reports success ...
+        push(engine, fused, "fused-1", method)  # SGLang reports success ...
         got, want = engine_and_expected(engine, new_model)
     with pytest.raises(WeightSyncError, match="a weight was not loaded"):  # ... but the weights did not change
         check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version="fused-1")
+
+
+def test_a_refused_broadcast_fails_at_once_and_retires_the_group(engine: SGLangEngine,
+                                                                new_model: torch.nn.Module) -> None:
+    """Outside a begin/end session the engine refuses the request and never joins the broadcast; the push must
+    report that instead of waiting out the group's timeout, and the group must not be reused (our pending
+    send would meet the engine's next receive)."""
+    group = UpdateGroup([engine.url], name="test-refused", engine_tp_size=1, timeout_s=60)
+    bucket = list(new_model.state_dict().items())[:2]
+    try:
+        started = time.monotonic()
+        with pytest.raises(WeightSyncError, match="begin_weight_update"):
+            group.push(bucket, version="refused")
+        assert time.monotonic() - started < 30
+        with pytest.raises(WeightSyncError, match="broken by an earlier failure"):
+            group.push(bucket, version="refused")
+    finally:
+        group.close()

@@ -1,4 +1,5 @@
-"""Megatron at TP2 x PP2 (4 gloo processes) -> bucketed weight sync -> a real SGLang engine on CPU.
+"""Megatron (TP2 x PP2 for the tensor path, PP2 for the distributed one) -> bucketed weight sync -> a real
+SGLang engine on CPU.
 
 The engine starts from unrelated weights; after a sync its log-probs and greedy continuations equal the
 trainer's; after optimizer steps the stale engine differs, and a second sync makes it follow again.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,8 +21,16 @@ pytestmark = [pytest.mark.sglang, pytest.mark.distributed]
 
 def test_tp2_pp2_trainer_syncs_into_sglang(tmp_path: Path) -> None:
     torchrun(WORKER, 4, "--tp", "2", "--pp", "2", "--dir", str(tmp_path), timeout=900)
-    report = json.loads((tmp_path / "report.json").read_text())
+    check_report(json.loads((tmp_path / "report.json").read_text()))
 
+
+def test_pp2_trainer_syncs_into_sglang_over_a_process_group(tmp_path: Path) -> None:
+    """Each pipeline stage broadcasts its own layers over its own group with the engine."""
+    torchrun(WORKER, 2, "--pp", "2", "--method", "distributed", "--dir", str(tmp_path), timeout=900)
+    check_report(json.loads((tmp_path / "report.json").read_text()))
+
+
+def check_report(report: dict[str, Any]) -> None:
     assert report["before_sync"] > 0.1, "the engine must start from other weights, or the test proves nothing"
     assert report["after_sync"] < 1e-4
     assert report["buckets"] > 1, "the tiny model must span several buckets"

@@ -1,4 +1,5 @@
-"""Megatron trainer (any TP x PP, under torchrun) -> weight sync -> a real SGLang engine on CPU.
+"""Megatron trainer (any TP x PP, under torchrun) -> weight sync (either `rollout.sync_method`) -> a real
+SGLang engine on CPU.
 
 Rank 0 starts an engine on a Hugging Face directory holding *other* random weights, then the trainer
 pushes its own. Writes a JSON report from rank 0: log-prob differences before and after each sync,
@@ -20,6 +21,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--bucket-kb", type=int, default=64, help="small: the tiny model needs several buckets")
+    parser.add_argument("--method", choices=["tensor", "distributed"], default="tensor")
     args = parser.parse_args()
     root = Path(args.dir)
 
@@ -34,7 +36,7 @@ def main() -> None:
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
-    from dapo_megatron.rollout.weight_sync import TensorWeightSync
+    from dapo_megatron.rollout.weight_sync import SYNC_METHODS
     from dapo_megatron.trainer.actor import Actor, PolicyRows
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.forward import greedy_generate
@@ -63,7 +65,7 @@ def main() -> None:
     actor = Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
     urls = [engine.url] if engine is not None else [None]
     torch.distributed.broadcast_object_list(urls, src=0)
-    sync = TensorWeightSync(urls, cfg, layout, bucket_bytes=args.bucket_kb * 1024)
+    sync = SYNC_METHODS[args.method](urls, cfg, layout, bucket_bytes=args.bucket_kb * 1024, timeout_s=120)
     client = RolloutClient(urls[0], rollout) if layout.rank == 0 else None
 
     # Probe: prompts of the demo task followed by fixed continuations; every non-prompt token is scored.
@@ -106,6 +108,7 @@ def main() -> None:
     sync.sync(model, "step-1")
     report["after_second_sync"] = max_diff()
     report["greedy_trainer_2"], report["greedy_engine_2"] = greedy_both()
+    sync.close()
     if client is not None:
         report["buckets"] = stats.buckets
         (root / "report.json").write_text(json.dumps(report))
