@@ -26,7 +26,8 @@ class ParallelConfig:
     recompute_num_layers: int = 1
     """Layers per recompute unit (`uniform`; must divide a stage's layers) or recomputed layers per stage (`block`)."""
     backend: str = "auto"
-    """Process-group backend: `auto` (nccl with CUDA, else gloo), `nccl` or `gloo`."""
+    """Process-group backend: `auto` (nccl for CUDA tensors plus gloo for host tensors with CUDA, else gloo),
+    `nccl` or `gloo`."""
     timeout_minutes: int = 30
     """Collective timeout; a hung rank fails the job after this instead of hanging forever."""
 
