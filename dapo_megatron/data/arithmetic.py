@@ -2,7 +2,7 @@
 
 Small enough that a 4-layer, 64-wide model learns it in minutes on two CPU cores, and scored by the
 real DAPO scorer (`rewards.math_dapo`), so the demo exercises the same reward path as AIME training.
-The three splits (warm-up, RL prompts, held-out evaluation) are disjoint sets of operand pairs.
+Held-out evaluation problems are never trained on; the warm-up's problems are a subset of the RL prompts.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ between steps 330 and 480), so DAPO has room to take the base from ~20% towards 
 up to 99 the same model needs ~900 supervised steps for 75%, and DAPO from a 20% base stalled near 55%;
 with the second operand up to 19 DAPO's progress depended strongly on where the base stopped."""
 
-SPLIT_FRACTIONS = (0.55, 0.25, 0.20)
-"""Warm-up / RL prompts / held-out evaluation: 550 / 250 / 200 operand pairs."""
+HELD_OUT_FRACTION = 0.2
+"""Evaluation takes 200 of the 1000 operand pairs; RL prompts are the other 800, and the warm-up sees 550
+of those. With only a disjoint 250 for RL the policy memorised them (rollout accuracy 0.81 against 0.56
+held out after 160 steps); the warm-up only taught the answer format on its share."""
+WARMUP_FRACTION = 0.55
 
 
 def problems(split: str, *, seed: int = 0, max_first: int = MAX_FIRST,
@@ -43,7 +46,7 @@ def problems(split: str, *, seed: int = 0, max_first: int = MAX_FIRST,
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     pairs = [(a, b) for a in range(max_first + 1) for b in range(max_second + 1)]
     random.Random(seed).shuffle(pairs)
-    cut1 = int(SPLIT_FRACTIONS[0] * len(pairs))
-    cut2 = cut1 + int(SPLIT_FRACTIONS[1] * len(pairs))
-    chosen = {"warmup": pairs[:cut1], "rl": pairs[cut1:cut2], "eval": pairs[cut2:]}[split]
+    held_out = len(pairs) - int(HELD_OUT_FRACTION * len(pairs))
+    chosen = {"warmup": pairs[:int(WARMUP_FRACTION * len(pairs))], "rl": pairs[:held_out],
+              "eval": pairs[held_out:]}[split]
     return [Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b)) for a, b in chosen]
