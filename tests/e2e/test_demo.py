@@ -43,13 +43,13 @@ def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run([sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-                f"output_dir={out}", "trainer.total_steps=40", "eval.every=20", "eval.num_problems=400",
+                f"output_dir={out}", "trainer.total_steps=40", "eval.every=20", "eval.num_problems=200",
                 "trainer.save_every=20", "trainer.on_unfilled_batch=train"], timeout=1500)
     accuracy = eval_accuracy(out)
     assert set(accuracy) == {0, 20, 40}
     assert accuracy[0] < 0.3
-    # Seen on this machine: +0.15 to +0.23 after 20-40 steps. 400 greedy problems put the noise of a
-    # difference near 0.03, so 0.08 fails only when the policy did not learn.
+    # Seen on this machine: +0.19 to +0.28 after 20-40 steps. The 200 held-out problems put the noise of
+    # a difference near 0.045, so 0.08 fails only when the policy did not learn.
     assert max(accuracy[20], accuracy[40]) >= accuracy[0] + 0.08, f"no learning: {accuracy}"
     assert "step 40/40 |" in proc.stdout and "eval_acc" in proc.stdout
     assert (out / "checkpoints" / "iter_0000040" / "trainer_state.pt").exists()
