@@ -43,16 +43,17 @@ def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run([sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-                f"output_dir={out}", "trainer.total_steps=40", "eval.every=20", "eval.num_problems=200",
-                "trainer.save_every=20", "trainer.on_unfilled_batch=train"], timeout=1500)
+                f"output_dir={out}", "trainer.total_steps=80", "eval.every=40", "trainer.save_every=40",
+                "trainer.on_unfilled_batch=train"], timeout=1800)
     accuracy = eval_accuracy(out)
-    assert set(accuracy) == {0, 20, 40}
+    assert set(accuracy) == {0, 40, 80}
     assert accuracy[0] < 0.3
-    # Seen on this machine: +0.19 to +0.28 after 20-40 steps. The 200 held-out problems put the noise of
-    # a difference near 0.045, so 0.08 fails only when the policy did not learn.
-    assert max(accuracy[20], accuracy[40]) >= accuracy[0] + 0.08, f"no learning: {accuracy}"
-    assert "step 40/40 |" in proc.stdout and "eval_acc" in proc.stdout
-    assert (out / "checkpoints" / "iter_0000040" / "trainer_state.pt").exists()
+    # Seen on this machine: +0.08 to +0.1 after 40 steps, +0.2 after 80 (the rise steepens later: 0.8 near
+    # step 200). The 200 held-out problems put the noise of a difference near 0.045, so 0.1 fails only
+    # when the policy did not learn.
+    assert max(accuracy[40], accuracy[80]) >= accuracy[0] + 0.1, f"no learning: {accuracy}"
+    assert "step 80/80 |" in proc.stdout and "eval_acc" in proc.stdout
+    assert (out / "checkpoints" / "iter_0000080" / "trainer_state.pt").exists()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
