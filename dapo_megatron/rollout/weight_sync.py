@@ -82,6 +82,10 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterat
         yield bucket
 
 
+def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in bucket)
+
+
 def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Tensor | None = None) -> dict[str, Any]:
     """SGLang's flattened-bucket payload: one uint8 buffer plus per-tensor metadata.
 
@@ -90,7 +94,7 @@ def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Te
     """
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-    total = sum(t.numel() * t.element_size() for _, t in bucket)
+    total = bucket_nbytes(bucket)
     if staging is not None and staging.numel() >= total:
         flat = staging[:total]
     else:
@@ -154,7 +158,7 @@ class WeightSync:
                 except WeightSyncError as failure:
                     error = str(failure)  # finish the collectives first, then fail on every rank together
                 else:
-                    sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                    sent_bytes += bucket_nbytes(bucket)
                     sent_buckets += 1
         failed = torch.tensor([error is not None], dtype=torch.int)
         torch.distributed.all_reduce(failed)
@@ -204,7 +208,7 @@ class TensorWeightSync(WeightSync):
         # synchronised with our next write into it.
         staging = None
         if self.layout.device.type == "cpu":
-            staging = self._host_staging(sum(t.numel() * t.element_size() for _, t in bucket), shared_buffer)
+            staging = self._host_staging(bucket_nbytes(bucket), shared_buffer)
         push_bucket(self.urls, bucket, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
                     staging=staging)
 
@@ -224,7 +228,7 @@ class DistributedWeightSync(WeightSync):
 
     def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
         assert self.group is not None, "only sending ranks push"
-        staging = self._host_staging(sum(t.numel() * t.element_size() for _, t in bucket), _host_buffer)
+        staging = self._host_staging(bucket_nbytes(bucket), _host_buffer)
         self.group.push(bucket, version=version, staging=staging)
 
     def close(self) -> None:
