@@ -1,27 +1,38 @@
-"""The laptop demo's task: add two numbers and answer in DAPO's `Answer: <value>` format.
+"""Synthetic arithmetic tasks, answered in DAPO's `Answer: <value>` format (`data.task` picks one).
 
-Small enough that a 4-layer, 64-wide model learns it in minutes on two CPU cores, and scored by the
-real DAPO scorer (`rewards.math_dapo`), so the demo exercises the same reward path as AIME training.
-Held-out evaluation problems are never trained on; the warm-up's problems are a subset of the RL prompts.
+* `addition`, the laptop demo: a number up to 99 plus a digit, `Solve: 87+6=? ` -> `Answer: 93`. Small
+  enough that a 4-layer, 64-wide model learns it in minutes on two CPU cores.
+* `column_addition`, the ~30M-parameter size of bench/bench_e2e_trl.py: two 9-digit numbers added column by
+  column. The target writes one line per column, units first (`digit+digit+carry in=two-digit sum`, the
+  sum's tens digit being the carry out), then the answer: ~100 characters, so with the character tokenizer
+  responses are ~100 tokens and generation and training compute, not per-step overheads, set the step time.
+
+Both are scored by the real DAPO scorer (`rewards.math_dapo`) on the final `Answer:` line only (the working
+is not graded), so they exercise the same reward path as AIME training. Held-out evaluation problems are
+never trained on; the warm-up's problems are a subset of the RL prompts.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
 SPLITS = ("warmup", "rl", "eval")
+TASKS = ("addition", "column_addition")
 
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str
     answer: str
+    working: str = ""
+    """What a correct policy writes before its `Answer:` line (empty for the short task)."""
 
     @property
     def target(self) -> str:
         """The completion a correct policy writes (before its end-of-text token)."""
-        return f"Answer: {self.answer}"
+        return f"{self.working}Answer: {self.answer}"
 
 
 MAX_FIRST = 99
@@ -38,15 +49,65 @@ of those. With only a disjoint 250 for RL the policy memorised them (rollout acc
 held out after 160 steps); the warm-up only taught the answer format on its share."""
 WARMUP_FRACTION = 0.55
 
+COLUMN_DIGITS = 9
+"""Digits of both operands of `column_addition`: 9 lines of 9 characters, `Answer: ` and 9-10 digits make
+targets of 98-99 characters (99-100 tokens with EOS), inside a 128-token response cap and its 16-token
+overlong buffer; prompts are 29 characters."""
+COLUMN_PROBLEMS = 20_000
+"""Distinct operand pairs drawn per seed, split with the same fractions as `addition`: 4000 held out (an
+evaluation takes the first few hundred), 11000 for the warm-up, which sees each at most once or twice in a
+few hundred steps of 32-64, and 16000 RL prompts."""
 
-def problems(split: str, *, seed: int = 0, max_first: int = MAX_FIRST,
-             max_second: int = MAX_SECOND) -> list[Problem]:
-    """All problems `a+b` (0 <= a <= max_first, 0 <= b <= max_second) of one split, in a fixed order."""
+
+def problems(split: str, *, seed: int = 0, task: str = "addition") -> list[Problem]:
+    """All problems of one split of `task`, in a fixed order for a given seed."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    pairs = [(a, b) for a in range(max_first + 1) for b in range(max_second + 1)]
-    random.Random(seed).shuffle(pairs)
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+    return list(_splits(task, seed)[split])
+
+
+@functools.cache
+def _splits(task: str, seed: int) -> dict[str, tuple[Problem, ...]]:
+    # Cached: the column task's 20000 worked solutions are built once per process, not once per split.
+    if task == "addition":
+        pairs = [(a, b) for a in range(MAX_FIRST + 1) for b in range(MAX_SECOND + 1)]
+        random.Random(seed).shuffle(pairs)
+        make = _addition
+    else:
+        pairs = _column_pairs(seed)
+        make = _column_addition
     held_out = len(pairs) - int(HELD_OUT_FRACTION * len(pairs))
-    chosen = {"warmup": pairs[:int(WARMUP_FRACTION * len(pairs))], "rl": pairs[:held_out],
-              "eval": pairs[held_out:]}[split]
-    return [Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b)) for a, b in chosen]
+    chosen = {"warmup": pairs[:int(WARMUP_FRACTION * len(pairs))], "rl": pairs[:held_out], "eval": pairs[held_out:]}
+    return {split: tuple(make(a, b) for a, b in chosen[split]) for split in SPLITS}
+
+
+def _addition(a: int, b: int) -> Problem:
+    return Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b))
+
+
+def _column_pairs(seed: int) -> list[tuple[int, int]]:
+    """`COLUMN_PROBLEMS` random pairs of `COLUMN_DIGITS`-digit numbers, no pair twice in either order (so no
+    held-out problem is a trained one with its operands swapped)."""
+    rng = random.Random(seed)
+    low, high = 10 ** (COLUMN_DIGITS - 1), 10**COLUMN_DIGITS - 1
+    seen: set[tuple[int, int]] = set()
+    pairs: list[tuple[int, int]] = []
+    while len(pairs) < COLUMN_PROBLEMS:
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        if (min(a, b), max(a, b)) not in seen:
+            seen.add((min(a, b), max(a, b)))
+            pairs.append((a, b))
+    return pairs
+
+
+def _column_addition(a: int, b: int) -> Problem:
+    """Units column first. Every line has the same width (the sum always two digits), so each position of
+    the working has one fixed role, which is what lets a small model learn the format in a few hundred steps."""
+    lines, carry = [], 0
+    for x, y in zip(reversed(str(a)), reversed(str(b)), strict=True):
+        total = int(x) + int(y) + carry
+        lines.append(f"{x}+{y}+{carry}={total:02d}\n")
+        carry = total // 10
+    return Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b), working="".join(lines))

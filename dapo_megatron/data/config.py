@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dapo_megatron.data.arithmetic import TASKS
+
 __all__ = ["FORMATS", "OVERLONG_MODES", "DataConfig"]
 
 FORMATS = ("auto", "verl", "gsm8k", "flat")
@@ -27,6 +29,11 @@ class DataConfig:
 
     eval_files: list[str] = field(default_factory=list)
     """Evaluation prompts, e.g. the 30 AIME 2024 problems."""
+
+    task: str = "addition"
+    """The synthetic task (``data.arithmetic.TASKS``) trained on when ``train_files`` is empty and held out
+    for evaluation when ``eval_files`` is empty; the warm-up (tools/make_demo_base.py) trains on the same
+    one, so a base and the RL run on it must be given the same value."""
 
     format: str = "auto"
     """File format of every file: ``auto`` (detected per file), ``verl``, ``gsm8k`` or ``flat``."""
@@ -60,6 +67,8 @@ class DataConfig:
     not change the data order."""
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"data.task must be one of {TASKS}; got {self.task!r}")
         if self.format not in FORMATS:
             raise ValueError(f"data.format must be one of {FORMATS}; got {self.format!r}")
         if self.overlong_prompt not in OVERLONG_MODES:

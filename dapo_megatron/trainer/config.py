@@ -38,6 +38,9 @@ class OptimConfig:
             raise ValueError(f"optim.clip_grad must be >= 0 (0 disables clipping); got {self.clip_grad}.")
 
 
+WARMUP_EVAL_MODES = ("greedy", "teacher_forced")
+
+
 @dataclass
 class WarmupConfig:
     """Supervised warm-up that teaches a from-scratch demo model the answer format before RL
@@ -54,12 +57,24 @@ class WarmupConfig:
     inside that rise (rather than just before it, at ~15%) is what lets DAPO take over quickly."""
     eval_every: int = 5
     eval_size: int = 200
-    max_new_tokens: int = 12
+    eval_mode: str = "greedy"
+    """How held-out accuracy is measured. `greedy`: greedy decoding with the trainer's model, scored by DAPO's
+    scorer; one forward pass over the whole prefix per generated token (no KV cache), cheap for the demo's
+    ~10-token answers and prohibitive on CPU for `data.task=column_addition`'s ~100. `teacher_forced`: the
+    share of problems whose whole target and EOS are the model's argmax at every position given the target so
+    far, which is exactly when greedy decoding writes the target: one forward pass, and a lower bound of the
+    greedy accuracy (which also counts right answers reached with other working)."""
+    max_new_tokens: int | None = None
+    """Generation cap of the `greedy` evaluation; None: the longest held-out target plus EOS."""
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "micro_batch_size", "eval_every", "eval_size", "max_new_tokens"):
+        for name in ("max_steps", "batch_size", "micro_batch_size", "eval_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmup.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"warmup.max_new_tokens must be >= 1 or null; got {self.max_new_tokens}.")
+        if self.eval_mode not in WARMUP_EVAL_MODES:
+            raise ValueError(f"warmup.eval_mode must be one of {WARMUP_EVAL_MODES}; got {self.eval_mode!r}.")
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"warmup.batch_size ({self.batch_size}) must be a multiple of "
                              f"warmup.micro_batch_size ({self.micro_batch_size}).")

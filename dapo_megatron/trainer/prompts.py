@@ -1,4 +1,4 @@
-"""Where the driver's prompts come from: data files (`data.train_files`), or the demo's arithmetic task."""
+"""Where the driver's prompts come from: data files (`data.train_files`), or a synthetic arithmetic task."""
 
 from __future__ import annotations
 
@@ -34,26 +34,28 @@ def to_prompt(example: PromptExample) -> Prompt:
                   data_source=example.data_source)
 
 
-def arithmetic_dataset(split: str, tokenizer: PromptTokenizer, *, seed: int, shuffle: bool) -> PromptDataset:
-    """The demo task as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are raw text."""
+def arithmetic_dataset(split: str, tokenizer: PromptTokenizer, *, seed: int, shuffle: bool,
+                       task: str = "addition") -> PromptDataset:
+    """A synthetic task (`data.task`) as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are raw
+    text."""
     examples = [PromptExample(uid=f"arithmetic-{split}-{i}", prompt=p.prompt, ground_truth=p.answer,
                               data_source="math_dapo", messages=({"role": "user", "content": p.prompt},),
-                              origin=f"arithmetic {split} #{i}",
+                              origin=f"{task} {split} #{i}",
                               prompt_ids=tuple(tokenizer.encode(p.prompt, add_special_tokens=False)))
-                for i, p in enumerate(arithmetic.problems(split, seed=seed))]
+                for i, p in enumerate(arithmetic.problems(split, seed=seed, task=task))]
     return PromptDataset(examples, shuffle=shuffle, seed=seed)
 
 
 def build_prompt_sources(job: Any, tokenizer: PromptTokenizer) -> tuple[DatasetPrompts, list[Prompt]]:
-    """(training stream, evaluation problems) from `data.train_files` / `data.eval_files`, or the demo task
-    when no files are given."""
+    """(training stream, evaluation problems) from `data.train_files` / `data.eval_files`, or the synthetic
+    task `data.task` when no files are given."""
     limit = job.rollout.max_prompt_length
     if job.data.train_files:
         train = dataset_from_config(job.data, "train", tokenizer, max_prompt_length=limit)
     else:
-        train = arithmetic_dataset("rl", tokenizer, seed=job.seed, shuffle=job.data.shuffle)
+        train = arithmetic_dataset("rl", tokenizer, seed=job.seed, shuffle=job.data.shuffle, task=job.data.task)
     if job.data.eval_files:
         evaluation = dataset_from_config(job.data, "eval", tokenizer, max_prompt_length=limit)
     else:
-        evaluation = arithmetic_dataset("eval", tokenizer, seed=job.seed, shuffle=False)
+        evaluation = arithmetic_dataset("eval", tokenizer, seed=job.seed, shuffle=False, task=job.data.task)
     return DatasetPrompts(train), [to_prompt(e) for e in evaluation.take(job.eval.num_problems)]

@@ -1,8 +1,8 @@
-"""Supervised warm-up of the demo's from-scratch policy on the arithmetic task.
+"""Supervised warm-up of the demo's from-scratch policy on a synthetic arithmetic task (`data.task`).
 
     python -m dapo_megatron.trainer.warmup [hydra overrides]      (or under torchrun / srun)
 
-Trains with cross-entropy on the answer tokens until greedy held-out accuracy reaches
+Trains with cross-entropy on the target tokens (working and answer) until held-out accuracy reaches
 `warmup.target_accuracy`, then writes a torch_dist checkpoint and a Hugging Face directory (the
 starting policy for RL and the rollout engine). Real megatron-core under any TP x PP x DP layout.
 """
@@ -30,24 +30,30 @@ if TYPE_CHECKING:
 
 
 def supervised_batch(problems: list[arithmetic.Problem]) -> MicroBatch:
-    """prompt + target + EOS per row, right-padded; the loss covers the target and EOS only.
+    """prompt + target + EOS per row, right-padded; the loss covers the target and EOS only."""
+    return completion_batch([target_row(problem) for problem in problems])
+
+
+def target_row(problem: arithmetic.Problem) -> tuple[list[int], list[int]]:
+    """(prompt ids, target ids + EOS): what the warm-up trains on and what teacher forcing checks."""
+    return char_tokenizer.encode(problem.prompt), [*char_tokenizer.encode(problem.target), char_tokenizer.EOS_ID]
+
+
+def completion_batch(rows: list[tuple[list[int], list[int]]]) -> MicroBatch:
+    """(prompt ids, completion ids) rows as one right-padded micro-batch whose loss mask covers the completions.
 
     tokens, labels, loss_mask: [batch, seq] where labels[t] = the token after tokens[t].
     """
-    rows = []
-    for problem in problems:
-        prompt = char_tokenizer.encode(problem.prompt)
-        completion = [*char_tokenizer.encode(problem.target), char_tokenizer.EOS_ID]
-        rows.append((prompt + completion, len(prompt)))
-    width = max(len(ids) for ids, _ in rows) - 1
+    width = max(len(prompt) + len(completion) for prompt, completion in rows) - 1
     tokens = torch.full((len(rows), width), char_tokenizer.PAD_ID)
     labels = torch.full((len(rows), width), char_tokenizer.PAD_ID)
     loss_mask = torch.zeros(len(rows), width)
-    for row, (ids, prompt_len) in enumerate(rows):
+    for row, (prompt, completion) in enumerate(rows):
+        ids = prompt + completion
         n = len(ids) - 1
         tokens[row, :n] = torch.tensor(ids[:-1])
         labels[row, :n] = torch.tensor(ids[1:])
-        loss_mask[row, prompt_len - 1:n] = 1.0
+        loss_mask[row, len(prompt) - 1:n] = 1.0
     return MicroBatch(tokens=tokens, labels=labels, loss_mask=loss_mask)
 
 
@@ -67,6 +73,30 @@ def greedy_accuracy(model: torch.nn.Module, problems: list[arithmetic.Problem], 
     return sum(correct) / len(correct)
 
 
+@torch.no_grad()
+def teacher_forced_exact(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], layout: ParallelLayout,
+                         *, vocab_size: int, micro_batch_size: int) -> list[bool]:
+    """Per (prompt, completion) row: is every completion token the argmax given the prompt and the completion
+    before it? Exactly when greedy decoding writes that completion (ending in EOS, it then stops), in one
+    forward pass instead of one per token (`warmup.eval_mode=teacher_forced`). The same on every rank."""
+
+    def exact_rows(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        shards = [torch.empty_like(logits) for _ in range(layout.tp_size)]
+        torch.distributed.all_gather(shards, logits.contiguous(), group=layout.tp_group)
+        predicted = torch.cat(shards, dim=-1)[..., :vocab_size].argmax(dim=-1)
+        assert mb.labels is not None and mb.loss_mask is not None
+        exact = ((predicted == mb.labels) | (mb.loss_mask == 0)).all(dim=1)
+        return logits.sum(), torch.ones((), dtype=torch.int), {"exact": exact}
+
+    micro = [completion_batch(rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+    reports = run_schedule(model, micro, exact_rows, forward_only=True, with_labels=False)
+    # Reports exist on the last pipeline stage only.
+    exact = torch.cat([r["exact"] for r in reports]) if layout.is_last_stage else torch.empty(len(rows), dtype=torch.bool)
+    if layout.pp_size > 1:
+        torch.distributed.broadcast(exact, src=layout.pp_last_rank, group=layout.pp_group)
+    return exact.tolist()
+
+
 def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger) -> tuple[float, int]:
     """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy
     and the number of steps taken."""
@@ -75,8 +105,21 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     cfg = job.warmup
     optim = dataclasses.replace(job.optim, lr=cfg.lr, lr_warmup_steps=0, weight_decay=0.0)
     optimizer, scheduler = build_optimizer(model, optim, job.parallel, job.model)
-    train_set = arithmetic.problems("warmup", seed=job.seed)
-    eval_set = arithmetic.problems("eval", seed=job.seed)[:cfg.eval_size]
+    train_set = arithmetic.problems("warmup", seed=job.seed, task=job.data.task)
+    eval_set = arithmetic.problems("eval", seed=job.seed, task=job.data.task)[:cfg.eval_size]
+    vocab_size = len(char_tokenizer.VOCAB)
+
+    def teacher_forced() -> float:
+        exact = teacher_forced_exact(model, [target_row(p) for p in eval_set], layout, vocab_size=vocab_size,
+                                     micro_batch_size=cfg.micro_batch_size)
+        return sum(exact) / len(exact)
+
+    def greedy() -> float:
+        longest = max(len(completion) for _, completion in map(target_row, eval_set))
+        return greedy_accuracy(model, eval_set, layout, vocab_size=vocab_size,
+                               max_new_tokens=cfg.max_new_tokens or longest)
+
+    measure = teacher_forced if cfg.eval_mode == "teacher_forced" else greedy
     # Same order on every rank; each data-parallel rank then trains on its own slice of the batch.
     rng = random.Random(job.seed)
     per_rank = cfg.batch_size // layout.dp_size
@@ -93,8 +136,7 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
         loss = _global_token_mean(reports)
         fields = {"loss": loss, "grad_norm": float(grad_norm or 0.0), "s/step": time.perf_counter() - started}
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            accuracy = greedy_accuracy(model, eval_set, layout, vocab_size=len(char_tokenizer.VOCAB),
-                                       max_new_tokens=cfg.max_new_tokens)
+            accuracy = measure()
             fields["eval_acc"] = accuracy
         metrics.log({f"warmup/{k.replace('s/step', 'step_time_s')}": v for k, v in fields.items()}, step)
         if step % 10 == 0 or "eval_acc" in fields:
@@ -140,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.distributed.barrier()
             hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", tokenizer_dir=tokenizer_dir)
             if hf_dir is not None:
-                summary = {"greedy_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
+                summary = {f"{job.warmup.eval_mode}_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
+                           "task": job.data.task,
                            "warmup": dataclasses.asdict(job.warmup), "model": dataclasses.asdict(job.model)}
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
-            metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out greedy accuracy {accuracy:.2f}; "
+            metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "
                           f"checkpoint {saved}, Hugging Face export {hf_dir}")
     finally:
         shutdown()

@@ -1,14 +1,26 @@
-"""The demo task's splits: evaluation is held out from everything trained on, answers are right."""
+"""The synthetic tasks' splits: evaluation is held out from everything trained on, targets are right, and
+DAPO's scorer grades their final answers."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from dapo_megatron.data import arithmetic
+from dapo_megatron.data import arithmetic, char_tokenizer
+from dapo_megatron.data.config import DataConfig
+from dapo_megatron.rewards.math_dapo import compute_score
+
+COLUMN_LINE = re.compile(r"(\d)\+(\d)\+([01])=(\d\d)")
 
 
-def prompts(split: str, seed: int = 0) -> set[str]:
-    return {p.prompt for p in arithmetic.problems(split, seed=seed)}
+def prompts(split: str, seed: int = 0, task: str = "addition") -> set[str]:
+    return {p.prompt for p in arithmetic.problems(split, seed=seed, task=task)}
+
+
+def operands(problem: arithmetic.Problem) -> tuple[str, str]:
+    a, b = problem.prompt.removeprefix("Solve: ").removesuffix("=? ").split("+")
+    return a, b
 
 
 def test_evaluation_is_held_out_and_the_warmup_is_part_of_the_rl_prompts() -> None:
@@ -22,7 +34,7 @@ def test_evaluation_is_held_out_and_the_warmup_is_part_of_the_rl_prompts() -> No
 
 def test_answers_are_the_sums_in_dapo_format() -> None:
     for problem in arithmetic.problems("eval")[:50]:
-        a, b = problem.prompt.removeprefix("Solve: ").removesuffix("=? ").split("+")
+        a, b = operands(problem)
         assert problem.answer == str(int(a) + int(b))
         assert problem.target == f"Answer: {int(a) + int(b)}"
 
@@ -32,3 +44,61 @@ def test_seeds_reshuffle_the_split_and_unknown_splits_fail() -> None:
     assert [p.prompt for p in arithmetic.problems("eval")] == [p.prompt for p in arithmetic.problems("eval")]
     with pytest.raises(ValueError, match="unknown split"):
         arithmetic.problems("test")
+    with pytest.raises(ValueError, match="unknown task"):
+        arithmetic.problems("eval", task="subtraction")
+
+
+def test_column_splits_are_disjoint_even_with_swapped_operands() -> None:
+    def pairs(split: str) -> set[frozenset[str]]:
+        return {frozenset(operands(p)) for p in arithmetic.problems(split, task="column_addition")}
+
+    warmup, rl, held_out = pairs("warmup"), pairs("rl"), pairs("eval")
+    assert not held_out & rl and warmup < rl
+    assert len(rl) + len(held_out) == arithmetic.COLUMN_PROBLEMS
+    assert len(held_out) == round(arithmetic.HELD_OUT_FRACTION * arithmetic.COLUMN_PROBLEMS)
+    assert prompts("eval", seed=1, task="column_addition") != prompts("eval", seed=0, task="column_addition")
+
+
+def test_column_targets_work_every_column_and_end_in_the_sum() -> None:
+    for problem in arithmetic.problems("eval", task="column_addition")[:300]:
+        a, b = operands(problem)
+        assert len(a) == len(b) == arithmetic.COLUMN_DIGITS
+        *working, answer_line = problem.target.split("\n")
+        assert answer_line == f"Answer: {int(a) + int(b)}" and problem.answer == str(int(a) + int(b))
+        carry, digits = 0, ""
+        for line, x, y in zip(working, reversed(a), reversed(b), strict=True):  # units column first
+            match = COLUMN_LINE.fullmatch(line)
+            assert match, line
+            assert match.groups()[:3] == (x, y, str(carry))
+            total = int(match.group(4))
+            assert total == int(x) + int(y) + carry
+            carry, digits = total // 10, str(total % 10) + digits
+        assert problem.answer == (str(carry) if carry else "") + digits
+
+
+def test_the_scorer_grades_the_final_answer_of_column_targets() -> None:
+    problem = arithmetic.problems("eval", task="column_addition")[0]
+    assert compute_score(problem.target, problem.answer) == {"score": 1.0, "acc": True, "pred": problem.answer}
+    off_by_one = str(int(problem.answer) + 1)
+    wrong = problem.working + f"Answer: {off_by_one}"
+    assert compute_score(wrong, problem.answer)["score"] == -1.0 and not compute_score(wrong, problem.answer)["acc"]
+    assert not compute_score(problem.working, problem.answer)["acc"]  # working without an answer line
+    # Only the answer line is graded: wrong working with the right answer still scores.
+    assert compute_score("1+1+0=02\n" + f"Answer: {problem.answer}", problem.answer)["acc"]
+
+
+def test_column_lengths_fit_the_benchmark_budget() -> None:
+    """~100-token responses under bench_e2e_trl's 128-token cap, short of its 16-token overlong buffer, and
+    prompts within configs/experiment/demo.yaml's 32-token prompt limit."""
+    problems = arithmetic.problems("eval", task="column_addition") + arithmetic.problems("rl", task="column_addition")
+    response = {len(char_tokenizer.encode(p.target)) + 1 for p in problems}  # + EOS
+    assert min(response) >= 95 and max(response) <= 128 - 16
+    assert max(len(char_tokenizer.encode(p.prompt)) for p in problems) <= 32
+    # Both lengths occur: sums with and without a carry out of the top column.
+    assert len(response) == 2
+
+
+def test_data_config_names_the_task() -> None:
+    assert DataConfig(task="column_addition").task == "column_addition"
+    with pytest.raises(ValueError, match=r"data\.task"):
+        DataConfig(task="multiplication")
