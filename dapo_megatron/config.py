@@ -23,6 +23,7 @@ from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.fp8 import alignment_error as fp8_alignment_error
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.rollout.placement import engine_placement
 from dapo_megatron.trainer.config import EvalConfig, OptimConfig, TrainerConfig, WarmupConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -126,6 +127,11 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} cannot hold the longest possible "
             f"row, rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens; raise it to at "
             f"least {longest_row} or set it to null (fixed trainer.micro_batch_size).")
+    if rollout.num_engines:
+        try:  # the device decides the automatic count only
+            engine_placement(world_size, rollout, device="cpu")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     dp = world_size // (tp * pp)
     optimizer_steps = trainer.optimizer_steps
     if trainer.ppo_mini_batch_size * rollout.n_samples_per_prompt < dp:

@@ -21,16 +21,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `script` under torchrun with `nproc` CPU processes; fail the test with the job's output."""
+def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300,
+             nodes: int = 1) -> subprocess.CompletedProcess:
+    """Run `script` under torchrun with `nproc` CPU processes per node; fail the test with the job's output.
+
+    `nodes` > 1 starts one torchrun per node on this machine (`--nnodes`, `--node-rank`, static rendezvous, as
+    slurm/launch.sh does): the ranks see different node indices, so the paths between nodes run."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    return proc
+    port = free_port()
+    launchers = []
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", str(nodes),
+               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script), *args]
+        launchers.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    results = []
+    try:
+        for launcher in launchers:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(launcher.args, launcher.returncode, stdout, stderr))
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate()
+    for node, proc in enumerate(results):
+        if proc.returncode != 0:
+            pytest.fail(f"torchrun {script} {' '.join(args)} failed on node {node} (exit {proc.returncode}):\n"
+                        f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return results[0]
 
 
 def tiny_qwen2(out_dir: Path, *, vocab_size: int, num_layers: int, tied: bool = False, max_positions: int = 128,

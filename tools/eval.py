@@ -23,7 +23,7 @@ from dapo_megatron import config as job_config
 from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
-from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
 from dapo_megatron.trainer.evaluate import evaluate
 from dapo_megatron.trainer.prompts import build_prompt_sources
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         _, problems = build_prompt_sources(job, tokenizer)
         with SGLangEngine(model_dir, job.rollout, log_file=Path(scratch) / "engine.log") as engine, \
                 RewardPool(job.reward) as rewards:
-            client = RolloutClient(engine.url, job.rollout, on_error=engine.check_alive)
+            client = RolloutClient(engine.url, job.rollout, on_error=liveness_check([engine]))
             metrics = evaluate(client, problems, rewards, job.eval,
                                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,

@@ -17,6 +17,9 @@ class ProcessEnv:
     master_port: int
     launcher: str
     """`torchrun`, `slurm` or `single`."""
+    node: int = 0
+    """Index of this process's node (torchrun's GROUP_RANK, Slurm's SLURM_NODEID): processes on one node
+    share memory, and rollout weights travel between nodes differently."""
 
 
 def first_host(nodelist: str) -> str:
@@ -46,7 +49,7 @@ def process_env(environ: Mapping[str, str] | None = None) -> ProcessEnv:
         return ProcessEnv(
             rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env.get("LOCAL_RANK", 0)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=int(env.get("MASTER_PORT", 29500)),
-            launcher="torchrun")
+            launcher="torchrun", node=int(env.get("GROUP_RANK", 0)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job_id = int(env.get("SLURM_JOB_ID", "0"))
         return ProcessEnv(
@@ -54,7 +57,7 @@ def process_env(environ: Mapping[str, str] | None = None) -> ProcessEnv:
             local_rank=int(env.get("SLURM_LOCALID", 0)),
             master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
             master_port=int(env.get("MASTER_PORT") or 20000 + job_id % 20000),
-            launcher="slurm")
+            launcher="slurm", node=int(env.get("SLURM_NODEID", 0)))
     return ProcessEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
                       master_port=int(env.get("MASTER_PORT", 0)) or _free_port(), launcher="single")
 

@@ -34,6 +34,10 @@ class ParallelLayout:
     world_size: int
     rank: int
     local_rank: int
+    node: int
+    """Which node this rank runs on (0 .. nodes - 1)."""
+    master_addr: str
+    """Where rank 0 serves the rendezvous: engines of a multi-node job listen on the address towards it."""
     tp_size: int
     pp_size: int
     dp_size: int
@@ -90,7 +94,8 @@ class ParallelLayout:
         from megatron.core import parallel_state as ps
 
         return cls(
-            world_size=env.world_size, rank=env.rank, local_rank=env.local_rank,
+            world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, node=env.node,
+            master_addr=env.master_addr,
             tp_size=ps.get_tensor_model_parallel_world_size(), pp_size=ps.get_pipeline_model_parallel_world_size(),
             dp_size=ps.get_data_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel_rank(),
             pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.rollout.placement import engine_placement
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig
@@ -501,6 +502,10 @@ def validate_for_cluster(job: JobConfig) -> None:
     if gpus % etp:
         raise ConfigError(f"rollout.engine_tp_size={etp} does not divide cluster.gpus_per_node={gpus}: an engine's "
                           f"GPUs must be on one node; choose a divisor of {gpus}.")
+    try:
+        engine_placement(job.cluster.world_size, job.rollout, device="cuda")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups
 
     def splits_heads(size: int) -> bool:  # SGLang: heads divisible by TP; KV groups divisible by it or dividing it

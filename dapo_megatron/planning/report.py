@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dapo_megatron.planning.memory import GIB, MemoryPlan, data_parallel_size, plan_memory, suggest_layout
+from dapo_megatron.rollout.placement import engine_placement
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig
@@ -47,24 +48,25 @@ def rank_placements(job: JobConfig) -> list[RankPlacement]:
     for axis in ("tp", "pp", "dp"):
         coordinate[axis] = {rank: index for group in generator.get_ranks(axis) for index, rank in enumerate(group)}
     layers = job.model.num_layers // pp
-    etp = job.rollout.engine_tp_size
+    engines = engine_placement(job.cluster.world_size, job.rollout, device="cuda")
     return [RankPlacement(rank=rank, node=rank // gpus, local_rank=rank % gpus, tp_rank=coordinate["tp"][rank],
                           pp_rank=coordinate["pp"][rank], dp_rank=coordinate["dp"][rank],
                           first_layer=coordinate["pp"][rank] * layers,
                           last_layer=(coordinate["pp"][rank] + 1) * layers - 1,
-                          engine=rank // etp, engine_tp_rank=rank % etp)
+                          engine=engines.engine_of(rank), engine_tp_rank=rank % engines.ranks_per_engine)
             for rank in range(job.cluster.world_size)]
 
 
 def format_placements(job: JobConfig, placements: list[RankPlacement]) -> str:
-    pp = job.parallel.pipeline_model_parallel_size
+    pp, etp = job.parallel.pipeline_model_parallel_size, job.rollout.engine_tp_size
     lines = []
     for p in placements:
         extras = (" + embedding" if p.pp_rank == 0 else "") + (" + final norm, output layer" if p.pp_rank == pp - 1
                                                                  else "")
         lines.append(f"rank {p.rank:>4} | node {p.node:>3} gpu {p.local_rank} | tp {p.tp_rank} pp {p.pp_rank} "
                      f"dp {p.dp_rank:>3} | layers {p.first_layer}-{p.last_layer}{extras} | "
-                     f"engine {p.engine} (engine tp rank {p.engine_tp_rank})")
+                     f"engine {p.engine} " + (f"(engine tp rank {p.engine_tp_rank})" if p.engine_tp_rank < etp
+                                              else "(no engine rank on this GPU)"))
     return "\n".join(lines)
 
 
@@ -77,7 +79,7 @@ def describe_layout(job: JobConfig) -> str:
             f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
             f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, distributed "
             f"optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
-            f"rollout: {cluster.world_size // rollout.engine_tp_size} SGLang engine(s) x TP {rollout.engine_tp_size}, "
+            f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang engine(s) x TP {rollout.engine_tp_size}, "
             f"mem_fraction_static {rollout.mem_fraction_static:g}")
 
 

@@ -3,7 +3,8 @@ teacher-forced log-probs for weight-sync checks.
 
 Each prompt's group of n samples is one batch request whose n copies of the prompt carry their own
 request ids (`rid`): SGLang's own `n` parameter would rename the samples' ids, and then a group could
-no longer be aborted. Requests run on a thread pool; the caller's thread pulls prompts from its
+no longer be aborted. With several engines each group goes to the one with the fewest groups in flight, so
+a group's samples share one engine's weights and a slow engine gets less work. Requests run on a thread pool; the caller's thread pulls prompts from its
 iterable and yields groups in the order they complete, so DAPO's dynamic sampling can score each group
 as soon as it is done and stop pulling prompts when it has enough.
 
@@ -63,6 +64,8 @@ class Sample:
     finish_reason: FinishReason
     """stop (EOS or a stop token), length (max_new_tokens) or abort (partial output)."""
     weight_version: str
+    engine: str
+    """URL of the engine that generated it."""
 
 
 @dataclass(slots=True)
@@ -70,6 +73,8 @@ class _Group:
     key: Hashable
     prompt_ids: list[int]
     rids: list[str]
+    url: str
+    """The engine generating it."""
     aborted: bool = False
     """Set by abort/abort_all; the stream re-sends the abort until the group has come back."""
 
@@ -83,25 +88,28 @@ class _Stream:
 
 
 class RolloutClient:
-    """HTTP client of one SGLang engine.
+    """HTTP client of one or more SGLang engines serving the same weights.
 
     Args:
-        url: the engine's base URL, e.g. `SGLangEngine.url`.
+        urls: the engines' base URLs (or one URL), e.g. `SGLangEngine.url`.
         cfg: sampling defaults (n_samples_per_prompt, temperature, top_p, top_k, max_response_length),
-            request_timeout_s and max_concurrent_requests.
-        on_error: called before a failed request is reported; raise from it to report something more
-            useful instead, e.g. `SGLangEngine.check_alive`, which explains a refused connection by the
-            engine's death and its log.
+            request_timeout_s and max_concurrent_requests (per engine).
+        on_error: called with the engine's URL before a failed request to it is reported; raise from it to
+            report something more useful instead, e.g. that the engine died, with its log.
     """
 
-    def __init__(self, url: str, cfg: RolloutConfig, *, on_error: Callable[[], None] | None = None) -> None:
-        self.url = url.rstrip("/")
+    def __init__(self, urls: str | Sequence[str], cfg: RolloutConfig, *,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        self.urls = [url.rstrip("/") for url in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise ValueError("RolloutClient needs at least one engine URL")
         self.cfg = cfg
         self.on_error = on_error
         self._session = requests.Session()
         # Every worker thread holds a connection, plus a few for aborts sent while they wait.
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=cfg.max_concurrent_requests + 4)
+        adapter = HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=cfg.max_concurrent_requests + 4)
         self._session.mount("http://", adapter)
+        self._groups_in_flight = dict.fromkeys(self.urls, 0)
         self._rid_prefix = uuid.uuid4().hex[:12]  # unique across clients sharing an engine
         self._rid_counter = itertools.count()
         self._lock = threading.Lock()
@@ -117,7 +125,7 @@ class RolloutClient:
         """Generate n samples per prompt; yield `(key, samples)` per prompt as each group completes.
 
         Prompts are pulled lazily, only when fewer than `max_concurrent_requests // n` groups (at least
-        one) are in flight. Sampling arguments default to the config; temperature 0 means greedy (for
+        one) per engine are in flight. Sampling arguments default to the config; temperature 0 means greedy (for
         tests and evaluation; RL sampling needs temperature > 0). `progress` shows a bar counting samples
         (`progress_total` of them, if known); pass it on the logging rank only.
 
@@ -134,7 +142,7 @@ class RolloutClient:
 
     def _stream(self, pending: Iterator[tuple[Hashable, Sequence[int]]], n: int, params: dict[str, Any],
                 progress: bool, progress_total: int | None) -> Iterator[tuple[Hashable, list[Sample]]]:
-        slots = max(1, self.cfg.max_concurrent_requests // n)
+        slots = max(1, self.cfg.max_concurrent_requests // n) * len(self.urls)
         stream = _Stream()
         bar = _Progress(progress_total) if progress else None
         pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="rollout-request")
@@ -192,7 +200,10 @@ class RolloutClient:
             if item is None:
                 return
             key, prompt_ids = item
-            group = _Group(key, _token_ids(prompt_ids, key), self._new_rids(n))
+            with self._lock:
+                url = min(self.urls, key=self._groups_in_flight.__getitem__)  # ties: the first engine
+                self._groups_in_flight[url] += 1
+            group = _Group(key, _token_ids(prompt_ids, key), self._new_rids(n), url)
             future = pool.submit(self._generate_group, group, params)
             with self._lock:
                 stream.in_flight[future] = group
@@ -202,16 +213,24 @@ class RolloutClient:
         return [f"{self._rid_prefix}-{group}-{i}" for i in range(count)]
 
     def _generate_group(self, group: _Group, params: dict[str, Any]) -> list[Sample]:
+        try:
+            return self._request_group(group, params)
+        finally:
+            with self._lock:
+                self._groups_in_flight[group.url] -= 1
+
+    def _request_group(self, group: _Group, params: dict[str, Any]) -> list[Sample]:
         n = len(group.rids)
         body = {"input_ids": [group.prompt_ids] * n, "rid": group.rids, "sampling_params": params,
                 "return_logprob": True}
         what = f"generate request for group key {group.key!r} (rids {group.rids[0]}..{group.rids[-1]})"
-        responses = self._post("/generate", body, what, timeout=self.cfg.request_timeout_s, rids=group.rids)
+        responses = self._post(group.url, "/generate", body, what, timeout=self.cfg.request_timeout_s,
+                               rids=group.rids)
         index_of = {rid: i for i, rid in enumerate(group.rids)}
         try:
             samples = [_parse_sample(item, group, index_of[item["meta_info"]["id"]]) for item in responses]
         except (KeyError, TypeError, ValueError) as err:
-            raise RolloutError(f"{what} got an unexpected response from {self.url}: {err!r}") from err
+            raise RolloutError(f"{what} got an unexpected response from {group.url}: {err!r}") from err
         if sorted(s.index for s in samples) != list(range(n)):
             raise RolloutError(f"{what} got {len(samples)} samples back for {n} requests")
         return sorted(samples, key=lambda s: s.index)
@@ -223,14 +242,15 @@ class RolloutClient:
     # again while they are still in flight.
 
     def abort_all(self) -> None:
-        """Abort every request on the engine (including other clients') and stop all streams of this
+        """Abort every request on the engines (including other clients') and stop all streams of this
         client from pulling more prompts; their groups in flight come back with finish reason abort."""
         with self._lock:
             for stream in self._streams:
                 stream.stopped.set()
                 for group in stream.in_flight.values():
                     group.aborted = True
-        self._post("/abort_request", {"abort_all": True}, "abort_all", timeout=_ABORT_TIMEOUT_S)
+        for url in self.urls:
+            self._post(url, "/abort_request", {"abort_all": True}, "abort_all", timeout=_ABORT_TIMEOUT_S)
 
     def abort(self, key: Hashable) -> None:
         """Abort the in-flight groups with this key; they come back with finish reason abort."""
@@ -239,13 +259,15 @@ class RolloutClient:
                       if group.key == key]
             for group in groups:
                 group.aborted = True
-        for rid in (rid for group in groups for rid in group.rids):
-            self._post("/abort_request", {"rid": rid}, f"abort of {rid}", timeout=_ABORT_TIMEOUT_S)
+        for group in groups:
+            for rid in group.rids:
+                self._post(group.url, "/abort_request", {"rid": rid}, f"abort of {rid}", timeout=_ABORT_TIMEOUT_S)
 
     def _repeat_aborts(self, stream: _Stream) -> None:
         with self._lock:
-            rids = [rid for group in stream.in_flight.values() if group.aborted for rid in group.rids]
-        self._abort_rids(rids)
+            groups = [group for group in stream.in_flight.values() if group.aborted]
+        for group in groups:
+            self._abort_rids(group.url, group.rids)
 
     def _abort_and_drain(self, stream: _Stream) -> None:
         """Abort all groups still in flight and wait until their requests have returned (or failed)."""
@@ -259,18 +281,18 @@ class RolloutClient:
                 for future in done:
                     del stream.in_flight[future]
 
-    def _abort_rids(self, rids: Sequence[str]) -> None:
+    def _abort_rids(self, url: str, rids: Sequence[str]) -> None:
         """Best effort: used while already handling a failure or tearing a stream down."""
         for rid in rids:
             try:
-                self._session.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=_ABORT_TIMEOUT_S)
+                self._session.post(f"{url}/abort_request", json={"rid": rid}, timeout=_ABORT_TIMEOUT_S)
             except requests.RequestException:
                 return  # the engine is unreachable, so nothing of ours is running there either
 
     # ------------------------------------------------------------------ scoring
 
-    def teacher_forced_log_probs(self, sequences: Sequence[Sequence[int]],
-                                 prompt_lengths: Sequence[int]) -> list[list[float]]:
+    def teacher_forced_log_probs(self, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], *,
+                                 engine: int = 0) -> list[list[float]]:
         """The engine's untempered log-prob of every token after the prompt: entry j of result i is
         `log_softmax(logits)[sequences[i][p + j]]` given `sequences[i][:p + j]`, `p = prompt_lengths[i]`.
 
@@ -278,7 +300,8 @@ class RolloutClient:
         SGLang has no tempered log-probs for given tokens. Computed by a prefill only
         (`max_new_tokens=0`) with `logprob_start_len = p - 1`: SGLang reports no value for the first
         position it is asked about, so starting one token early yields exactly the tokens after the
-        prompt. Each token id SGLang echoes is checked against the input.
+        prompt. Each token id SGLang echoes is checked against the input. `engine` indexes `urls`: a weight
+        check asks every engine.
         """
         if len(sequences) != len(prompt_lengths):
             raise ValueError(f"{len(sequences)} sequences but {len(prompt_lengths)} prompt lengths")
@@ -290,23 +313,24 @@ class RolloutClient:
         chunk = self.cfg.max_concurrent_requests
         for start in range(0, len(tokens), chunk):
             end = start + chunk
-            result += self._score_chunk(tokens[start:end], list(prompt_lengths[start:end]), first_index=start)
+            result += self._score_chunk(self.urls[engine], tokens[start:end], list(prompt_lengths[start:end]),
+                                        first_index=start)
         return result
 
-    def _score_chunk(self, sequences: list[list[int]], prompt_lengths: list[int],
+    def _score_chunk(self, url: str, sequences: list[list[int]], prompt_lengths: list[int],
                      first_index: int) -> list[list[float]]:
         rids = self._new_rids(len(sequences))
         body = {"input_ids": sequences, "rid": rids, "sampling_params": {"max_new_tokens": 0},
                 "return_logprob": True, "logprob_start_len": [p - 1 for p in prompt_lengths]}
         what = f"teacher-forced scoring of sequences {first_index}..{first_index + len(sequences) - 1}"
-        responses = self._post("/generate", body, what, timeout=self.cfg.request_timeout_s, rids=rids)
+        responses = self._post(url, "/generate", body, what, timeout=self.cfg.request_timeout_s, rids=rids)
         try:
             by_rid = {response["meta_info"]["id"]: response["meta_info"]["input_token_logprobs"]
                       for response in responses}
             # SGLang reports no value for the first position asked about (hence the [1:]).
             entries = [by_rid[rid][1:] for rid in rids]
         except (KeyError, TypeError) as err:
-            raise RolloutError(f"{what} got an unexpected response from {self.url}: {err!r}") from err
+            raise RolloutError(f"{what} got an unexpected response from {url}: {err!r}") from err
         for i, (seq_entries, seq, p) in enumerate(zip(entries, sequences, prompt_lengths, strict=True)):
             if not _same_tokens([entry[1] for entry in seq_entries], seq[p:]):
                 raise RolloutError(f"{what}: the engine scored other tokens than sequence "
@@ -315,34 +339,32 @@ class RolloutClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _post(self, path: str, body: dict[str, Any], what: str, *, timeout: float,
+    def _post(self, url: str, path: str, body: dict[str, Any], what: str, *, timeout: float,
               rids: Sequence[str] = ()) -> Any:
         """POST and return the decoded JSON; failures go through `on_error`, then raise RolloutError.
         `rids` are aborted if the request times out: the engine may still be working on them."""
         try:
-            return self._post_once(path, body, what, timeout, rids)
+            return self._post_once(url, path, body, what, timeout, rids)
         except RolloutError as err:
-            self._report(err)
+            self._report(url, err)
 
-    def _post_once(self, path: str, body: dict[str, Any], what: str, timeout: float,
+    def _post_once(self, url: str, path: str, body: dict[str, Any], what: str, timeout: float,
                    rids: Sequence[str]) -> Any:
         try:
-            response = self._session.post(f"{self.url}{path}", json=body,
-                                          timeout=(_CONNECT_TIMEOUT_S, timeout))
+            response = self._session.post(f"{url}{path}", json=body, timeout=(_CONNECT_TIMEOUT_S, timeout))
         except requests.Timeout as err:
-            self._abort_rids(rids)
-            raise RolloutError(f"{what} to {self.url} timed out after {timeout:g} s") from err
+            self._abort_rids(url, rids)
+            raise RolloutError(f"{what} to {url} timed out after {timeout:g} s") from err
         except requests.RequestException as err:
-            raise RolloutError(f"{what} to {self.url} failed: {err}") from err
+            raise RolloutError(f"{what} to {url} failed: {err}") from err
         if response.status_code != 200:
-            raise RolloutError(f"{what} to {self.url} failed with HTTP {response.status_code}: "
-                               f"{response.text[:2000]}")
+            raise RolloutError(f"{what} to {url} failed with HTTP {response.status_code}: {response.text[:2000]}")
         return response.json() if response.content else None
 
-    def _report(self, err: RolloutError) -> NoReturn:
+    def _report(self, url: str, err: RolloutError) -> NoReturn:
         if self.on_error is not None:
             try:
-                self.on_error()
+                self.on_error(url)
             except BaseException as hook_error:
                 raise hook_error from err
         raise err
@@ -381,7 +403,7 @@ def _parse_sample(item: dict[str, Any], group: _Group, index: int) -> Sample:
         raise ValueError(f"unknown finish reason {meta.get('finish_reason')!r}")
     return Sample(key=group.key, index=index, prompt_ids=group.prompt_ids, output_ids=output_ids,
                   logprobs=logprobs, finish_reason=cast(FinishReason, reason),
-                  weight_version=str(meta.get("weight_version")))
+                  weight_version=str(meta.get("weight_version")), engine=group.url)
 
 
 class _Progress:

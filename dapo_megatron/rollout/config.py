@@ -20,6 +20,9 @@ class RolloutConfig:
     # --- engine ---
     engine_tp_size: int = 1
     """Tensor-parallel size of each SGLang engine (one engine per group of this many GPUs)."""
+    num_engines: int = 0
+    """SGLang engines in the job; 0 = one per `engine_tp_size` GPUs on CUDA, one on CPU. Each is launched
+    by the first rank of an equal block of ranks, on that block's devices (`rollout/placement.py`)."""
     mem_fraction_static: float = 0.5
     """Share of GPU memory SGLang takes for weights + KV cache (ignored on CPU)."""
     max_total_tokens: int = 65536
@@ -55,6 +58,8 @@ class RolloutConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1; got {getattr(self, name)}.")
+        if self.num_engines < 0:
+            raise ValueError(f"rollout.num_engines must be >= 0 (0 = automatic); got {self.num_engines}.")
         if self.temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0 for RL sampling; got {self.temperature}.")
         if not 0 < self.top_p <= 1:

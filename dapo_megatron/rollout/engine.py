@@ -25,7 +25,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,7 +41,8 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 LOG_TAIL_LINES = 40
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
-_TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
+_TERM_GRACE_S = 10.0
+_REMOTE_HEALTH_TIMEOUT_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
 
 
 _LAUNCHER_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -56,6 +58,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to `host` (127.0.0.1 for a local one): where a peer there can reach
+    us. Connecting a UDP socket sends nothing; it only picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 9))
+        return probe.getsockname()[0]
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -239,6 +249,12 @@ class SGLangEngine:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_log_tail(self.log_file, lines)
 
+    def record(self) -> EngineRecord:
+        """What another rank needs to address this running engine and to explain its death."""
+        processes = [self._tree[0], *(worker for worker, _ in self._workers)] if self._tree else []
+        return EngineRecord(url=self.url, log_file=str(self.log_file), host=socket.gethostname(),
+                            processes=tuple((p.pid, p.create_time()) for p in processes))
+
     def _error(self, what: str) -> EngineError:
         return EngineError(f"{what}; {self.url}, log {self.log_file}, last lines:\n{self.log_tail()}")
 
@@ -317,6 +333,56 @@ class SGLangEngine:
 
     def __repr__(self) -> str:
         return f"SGLangEngine({self.url}, pid={self.pid}, device={self.device})"
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """A running engine as seen from another rank (picklable): the rank that drives rollouts talks to every
+    engine, but only the rank that launched one holds its `SGLangEngine`."""
+
+    url: str
+    log_file: str
+    host: str
+    """Hostname of the launching rank."""
+    processes: tuple[tuple[int, float], ...]
+    """(pid, start time) of the server's launcher and SGLang workers; the start time tells a reused pid apart."""
+
+    def check_alive(self) -> None:
+        """Raise EngineError with the log tail when a process of the engine is gone (checked on its own host;
+        from another host: when it does not answer its health endpoint)."""
+        if self.host == socket.gethostname():
+            for pid, started in self.processes:
+                if not _running_since(pid, started):
+                    raise self._error(f"the SGLang engine died (pid {pid} is gone)")
+            return
+        try:
+            requests.get(f"{self.url}/health", timeout=_REMOTE_HEALTH_TIMEOUT_S).raise_for_status()
+        except requests.RequestException as err:
+            raise self._error(f"the SGLang engine on {self.host} does not answer ({err})") from err
+
+    def _error(self, what: str) -> EngineError:
+        return EngineError(f"{what}; {self.url}, log {self.log_file} on {self.host}, last lines:\n"
+                           f"{read_log_tail(Path(self.log_file))}")
+
+
+def liveness_check(engines: Sequence[SGLangEngine | EngineRecord]) -> Callable[[str], None]:
+    """A `RolloutClient.on_error` hook: given the URL of the engine a request failed on, raise EngineError if
+    that engine died, so the failure names the engine and quotes its log instead of a refused connection."""
+    by_url = {engine.url.rstrip("/"): engine for engine in engines}
+
+    def check(url: str) -> None:
+        engine = by_url.get(url.rstrip("/"))
+        if engine is not None:
+            engine.check_alive()
+
+    return check
+
+
+def _running_since(pid: int, started: float) -> bool:
+    try:
+        return _running(psutil.Process(pid)) and psutil.Process(pid).create_time() == started
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _running(process: psutil.Process) -> bool:

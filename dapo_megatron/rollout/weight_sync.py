@@ -27,7 +27,7 @@ import base64
 import contextlib
 import datetime
 import io
-import socket
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -42,6 +42,7 @@ import torch
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.weights import iter_full_tensors
+from dapo_megatron.rollout.engine import address_towards
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
@@ -124,22 +125,77 @@ def serialize(payload: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+@dataclass(frozen=True)
+class StageRoute:
+    """How one pipeline stage's buckets reach the engines.
+
+    The stage's sender (its data-parallel rank 0, tensor-parallel rank 0) pushes into `direct` itself. Every
+    other engine is pushed by the rank that launched it, from the same GPU (or, on CPU, from a node the
+    sender's shared memory does not reach); those ranks receive each bucket from the sender over `group`.
+    """
+
+    stage: int
+    sender: int
+    direct: tuple[str, ...]
+    relayed: dict[int, tuple[str, ...]]
+    """Receiving rank -> the URLs it pushes."""
+    group: torch.distributed.ProcessGroup | None
+    """The sender plus the receiving ranks; None when nothing is relayed."""
+
+
 class WeightSync:
     """Pushes the policy into one or more SGLang engines (each receives every tensor); subclasses choose how
-    a bucket travels (`_push`)."""
+    a bucket travels (`_deliver`) and whether engines the sender cannot reach get it through their own rank
+    (`relays`).
+
+    Args:
+        engine_urls: every engine of the job.
+        engine_owners: for each engine, the global rank that launched it (default: rank 0 for all).
+    Construction is collective: the ranks exchange their nodes and build the relay groups.
+    """
+
+    relays = False
+    """Whether engines are pushed by their own rank (True) or all by each stage's sender (False)."""
 
     def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
+                 engine_owners: Sequence[int] | None = None) -> None:
         self.urls = list(engine_urls)
         self.cfg, self.layout = model_cfg, layout
         self.bucket_bytes = bucket_bytes
         self.engine_tp_size = engine_tp_size
         self.timeout_s = timeout_s
         self._staging: torch.Tensor | None = None
+        owners = list(engine_owners) if engine_owners is not None else [0] * len(self.urls)
+        if len(owners) != len(self.urls):
+            raise ValueError(f"{len(self.urls)} engine URLs but {len(owners)} owner ranks")
+        self.routes = self._plan_routes(owners)
 
     @property
     def is_sender(self) -> bool:
         return self.layout.dp_rank == 0 and self.layout.tp_rank == 0
+
+    def _plan_routes(self, owners: list[int]) -> list[StageRoute]:
+        layout = self.layout
+        ranks: list[Any] = [None] * layout.world_size
+        torch.distributed.all_gather_object(ranks, (layout.node, layout.pp_rank, self.is_sender))
+        senders = {pp: rank for rank, (_, pp, sends) in enumerate(ranks) if sends}
+        routes = []
+        for stage in range(layout.pp_size):
+            sender = senders[stage]
+            direct, relayed = [], {}
+            for url, owner in zip(self.urls, owners, strict=True):
+                # Shared memory reaches every process of a node; a GPU buffer is best opened by the engine's
+                # own GPU, and nothing of ours reaches another node.
+                reachable = layout.device.type == "cpu" and ranks[owner][0] == ranks[sender][0]
+                if self.relays and owner != sender and not reachable:
+                    relayed.setdefault(owner, []).append(url)
+                else:
+                    direct.append(url)
+            # Every rank creates every group, in the same order, members or not (torch.distributed's rule).
+            group = torch.distributed.new_group([sender, *sorted(relayed)]) if relayed else None
+            routes.append(StageRoute(stage, sender, tuple(direct), {r: tuple(u) for r, u in relayed.items()}, group))
+        return routes
 
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
         """Collective over all ranks: after it returns, every engine serves `model`'s weights as `version`."""
@@ -147,35 +203,88 @@ class WeightSync:
         if self.layout.rank == 0:
             self._post_all("/begin_weight_update", {})
         torch.distributed.barrier()
-        sent_bytes = sent_buckets = 0
-        error: str | None = None
-        if self.layout.dp_rank == 0:  # other replicas hold the same weights
-            for bucket in buckets(iter_hf_tensors(model, self.cfg, self.layout), self.bucket_bytes):
-                if not self.is_sender or error is not None:
-                    continue  # keep iterating: the TP all-gathers are collective
-                try:
-                    self._push(bucket, version)
-                except WeightSyncError as failure:
-                    error = str(failure)  # finish the collectives first, then fail on every rank together
-                else:
-                    sent_bytes += bucket_nbytes(bucket)
-                    sent_buckets += 1
-        failed = torch.tensor([error is not None], dtype=torch.int)
+        self._sent_bytes = self._sent_buckets = 0
+        self._error: str | None = None
+        # Stage after stage: a receiving rank may belong to another stage's gathers, and ascending order on
+        # every rank keeps the two kinds of collectives from waiting on each other.
+        for route in self.routes:
+            self._sync_stage(model, route, version)
+        failed = torch.tensor([self._error is not None], dtype=torch.int)
         torch.distributed.all_reduce(failed)
         if self.layout.rank == 0:
             self._post_all("/end_weight_update", {})
-        if error is not None:
-            raise WeightSyncError(error)
+        if self._error is not None:
+            raise WeightSyncError(self._error)
         if int(failed):
             raise WeightSyncError("another rank failed to push its weights to the engine (see its log)")
-        return SyncStats(version=version, seconds=time.perf_counter() - started, bytes=sent_bytes,
-                         buckets=sent_buckets)
+        return SyncStats(version=version, seconds=time.perf_counter() - started, bytes=self._sent_bytes,
+                         buckets=self._sent_buckets)
+
+    def _sync_stage(self, model: torch.nn.Module, route: StageRoute, version: str) -> None:
+        rank = self.layout.rank
+        gathers = self.layout.pp_rank == route.stage and self.layout.dp_rank == 0  # the TP all-gathers
+        receives = rank in route.relayed
+        if not gathers and not receives:
+            return
+        # Other replicas hold the same weights; a receiver outside the stage loops until the end marker.
+        stream = buckets(iter_hf_tensors(model, self.cfg, self.layout), self.bucket_bytes) if gathers \
+            else itertools.repeat(None)
+        for bucket in stream:
+            if rank == route.sender:
+                payload = flatten_bucket(bucket, self._staging_for(bucket_nbytes(bucket)))
+                self._relay(route, payload)
+                self._deliver_checked(route.direct, payload, version)
+            elif receives:
+                received = self._relay(route, None)
+                if received is None:
+                    break
+                self._deliver_checked(route.relayed[rank], received, version)
+        if rank == route.sender:
+            self._relay(route, None)  # the end marker
+        elif receives and gathers:
+            self._relay(route, None)
+
+    def _relay(self, route: StageRoute, payload: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The sender's `payload` (None: the end marker) on every rank of `route.group`; a no-op without one."""
+        if route.group is None:
+            return payload
+        header = [None if payload is None else (payload["metadata"], payload["flattened_tensor"].numel())]
+        torch.distributed.broadcast_object_list(header, src=route.sender, group=route.group)
+        if header[0] is None:
+            return None
+        metadata, nbytes = header[0]
+        flat = payload["flattened_tensor"] if payload is not None else self._receive_buffer(nbytes)
+        torch.distributed.broadcast(flat, src=route.sender, group=route.group)
+        return {"flattened_tensor": flat, "metadata": metadata}
+
+    def _receive_buffer(self, nbytes: int) -> torch.Tensor:
+        staging = self._staging_for(nbytes)
+        if staging is not None:
+            return staging[:nbytes]
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.layout.device)
+
+    def _deliver_checked(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
+        """Deliver unless an earlier bucket failed; a failure is kept so the collectives still finish and
+        every rank fails together."""
+        if not urls or self._error is not None:
+            return
+        try:
+            self._deliver(urls, payload, version)
+        except WeightSyncError as failure:
+            self._error = str(failure)
+        else:
+            self._sent_bytes += payload["flattened_tensor"].numel()
+            self._sent_buckets += 1
 
     def close(self) -> None:
         """Release what the transport holds between syncs (nothing by default). Idempotent."""
 
-    def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
-        """Deliver one bucket to every engine; raise WeightSyncError if one refuses it."""
+    def _staging_for(self, nbytes: int) -> torch.Tensor | None:
+        """The buffer a bucket of `nbytes` is flattened into; None: a fresh one per bucket."""
+        raise NotImplementedError
+
+    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
+        """Deliver one flattened bucket to the engines at `urls`; raise WeightSyncError if one refuses it."""
         raise NotImplementedError
 
     def _host_staging(self, nbytes: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
@@ -194,42 +303,48 @@ class WeightSync:
 class TensorWeightSync(WeightSync):
     """`update_weights_from_tensor`: the engine maps each bucket (shared memory on CPU, CUDA IPC on GPU)."""
 
+    relays = True
+
     def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
-        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
-                         timeout_s=timeout_s)
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
+                 engine_owners: Sequence[int] | None = None) -> None:
         if layout.device.type == "cpu":
             # The default strategy passes file descriptors, which only processes sharing our multiprocessing
             # authkey can receive; SGLang's scheduler would fail to unpickle and crash (measured).
             torch.multiprocessing.set_sharing_strategy("file_system")
+        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
+                         timeout_s=timeout_s, engine_owners=engine_owners)
 
-    def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
+    def _staging_for(self, nbytes: int) -> torch.Tensor | None:
         # On GPU every bucket gets a fresh device buffer: the engine's copy out of an IPC handle is not
         # synchronised with our next write into it.
-        staging = None
-        if self.layout.device.type == "cpu":
-            staging = self._host_staging(bucket_nbytes(bucket), shared_buffer)
-        push_bucket(self.urls, bucket, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
-                    staging=staging)
+        return self._host_staging(nbytes, shared_buffer) if self.layout.device.type == "cpu" else None
+
+    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
+        push_bucket(urls, payload, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s)
 
 
 class DistributedWeightSync(WeightSync):
-    """`update_weights_from_distributed`: each sending rank (one per pipeline stage) broadcasts its buckets over
-    its own `UpdateGroup`, opened here once and closed by `close()`."""
+    """`update_weights_from_distributed`: each sending rank (one per pipeline stage) broadcasts its buckets to
+    every engine over its own `UpdateGroup`, opened here once and closed by `close()`."""
 
     def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0) -> None:
+                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
+                 engine_owners: Sequence[int] | None = None) -> None:
         super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, engine_owners=engine_owners)
         # SGLang broadcasts from group rank 0 only, so a group has exactly one trainer rank: one group per
         # stage, named apart because the engine holds them all at once.
         self.group = UpdateGroup(self.urls, name=f"dapo-weight-sync-pp{layout.pp_rank}", engine_tp_size=engine_tp_size,
                                  timeout_s=timeout_s) if self.is_sender else None
 
-    def _push(self, bucket: list[tuple[str, torch.Tensor]], version: str) -> None:
+    def _staging_for(self, nbytes: int) -> torch.Tensor | None:
+        # Private host memory: the bucket leaves through a socket, and /dev/shm is often small in containers.
+        return self._host_staging(nbytes, lambda size: torch.empty(size, dtype=torch.uint8))
+
+    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
         assert self.group is not None, "only sending ranks push"
-        staging = self._host_staging(bucket_nbytes(bucket), _host_buffer)
-        self.group.push(bucket, version=version, staging=staging)
+        self.group.push(payload, version=version)
 
     def close(self) -> None:
         if self.group is not None:
@@ -238,11 +353,6 @@ class DistributedWeightSync(WeightSync):
 
 SYNC_METHODS: dict[str, type[WeightSync]] = {"tensor": TensorWeightSync, "distributed": DistributedWeightSync}
 """`rollout.sync_method` -> the class that implements it."""
-
-
-def _host_buffer(nbytes: int) -> torch.Tensor:
-    # Private memory: the bucket leaves through a socket, and /dev/shm is often small in containers.
-    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 class UpdateGroup:
@@ -266,7 +376,7 @@ class UpdateGroup:
         self.urls, self.name, self.timeout_s = list(engine_urls), name, timeout_s
         self._pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="weight-sync")
         timeout = datetime.timedelta(seconds=timeout_s)
-        host = _address_towards(self.urls[0])
+        host = address_towards(urlsplit(self.urls[0]).hostname or "127.0.0.1")
         world_size = 1 + len(self.urls) * engine_tp_size
         # Port 0: the OS picks a free one. Not waiting for the engines here: gloo's connection set-up below does.
         store = torch.distributed.TCPStore(host, 0, world_size, is_master=True, timeout=timeout,
@@ -286,13 +396,12 @@ class UpdateGroup:
                                   f"engine answers: {refusals or 'none yet'}") from failure
         _results(answers)
 
-    def push(self, bucket: Sequence[tuple[str, torch.Tensor]], *, version: str,
-             staging: torch.Tensor | None = None) -> None:
-        """One `update_weights_from_distributed` request per engine (inside a begin/end weight-update session),
-        answered after the engine has received the bucket from our broadcast and loaded it."""
+    def push(self, payload: dict[str, Any], *, version: str) -> None:
+        """One `update_weights_from_distributed` request per engine (inside a begin/end weight-update session)
+        for a `flatten_bucket` payload, answered after the engine has received it from our broadcast and
+        loaded it."""
         if self.group is None:
             raise WeightSyncError(f"the weight-update group {self.name!r} is closed, or broken by an earlier failure")
-        payload = flatten_bucket(bucket, staging)
         metadata = payload["metadata"]
         body = {"names": [m.name for m in metadata], "dtypes": [str(m.dtype).removeprefix("torch.") for m in metadata],
                 "shapes": [list(m.shape) for m in metadata], "group_name": self.name,
@@ -331,25 +440,19 @@ def _results(answers: Sequence[Future[None]]) -> None:
         answer.result()
 
 
-def _address_towards(url: str) -> str:
-    """This host's address on the route to `url`'s host: what the engine must dial to reach our TCP store
-    (127.0.0.1 for a local engine). Connecting a UDP socket sends nothing; it only picks the route."""
-    host = urlsplit(url).hostname or "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
-
-
-def push_bucket(urls: Sequence[str], bucket: Sequence[tuple[str, torch.Tensor]], *, version: str,
-                engine_tp_size: int, timeout_s: float, staging: torch.Tensor | None = None) -> None:
-    """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session)."""
-    payload = flatten_bucket(bucket, staging)
-    # The engine slices its own TP shard from the full tensors: the same payload for every rank.
-    serialized = [serialize(payload)] * engine_tp_size
-    post_all(urls, "/update_weights_from_tensor", {
-        "serialized_named_tensors": serialized, "load_format": "flattened_bucket", "flush_cache": True,
-        "weight_version": version}, timeout_s=timeout_s)
-    del payload  # the engines have copied it: a fresh buffer is released now, a staging buffer reused
+def push_bucket(urls: Sequence[str], payload: dict[str, Any], *, version: str, engine_tp_size: int,
+                timeout_s: float) -> None:
+    """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session) for a
+    `flatten_bucket` payload; when it returns the engines have copied it and the buffer is free again."""
+    for url in urls:
+        # The engine slices its own TP shard from the full tensors: the same payload for every rank, but
+        # pickled once per receiving process. Pickling a shared-memory tensor takes one reference that the
+        # receiver gives back; one pickle read by two processes gives back two, and the second unlinks the
+        # buffer under us (measured: the next sync failed to open it).
+        serialized = [serialize(payload) for _ in range(engine_tp_size)]
+        post_all([url], "/update_weights_from_tensor", {
+            "serialized_named_tensors": serialized, "load_format": "flattened_bucket", "flush_cache": True,
+            "weight_version": version}, timeout_s=timeout_s)
 
 
 def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s: float) -> None:
@@ -363,7 +466,7 @@ def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s:
 
 
 def check_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, mask: torch.Tensor, *,
-               tolerance: float, version: str) -> float:
+               tolerance: float, version: str, engine: str = "the engine") -> float:
     """Largest |engine - trainer| log-prob over `mask`; raises WeightSyncError beyond `tolerance`.
 
     All tensors [n, L]. A weight SGLang silently ignored (a name it does not know) shows up here as a
@@ -372,7 +475,7 @@ def check_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, 
     diff = ((engine_log_probs - trainer_log_probs).abs() * mask).max().item()
     if not diff <= tolerance:  # also catches NaN
         raise WeightSyncError(
-            f"after syncing weight version {version!r} the engine's log-probs differ from the trainer's by "
+            f"after syncing weight version {version!r}, {engine}'s log-probs differ from the trainer's by "
             f"{diff:.3g} (tolerance {tolerance:g}): a weight was not loaded (unknown tensor name?), or the "
             "engine and trainer dtypes differ (raise rollout.sync_check_tolerance for bf16)")
     return diff

@@ -1,7 +1,8 @@
 """Everything one training job holds, built once: policy, optimizer, rollout engine, rewards, prompts.
 
-The driving rank (global rank 0) owns the SGLang engine, the rollout client, the reward workers and the
-prompt stream; every rank owns its shard of the policy. `Session` gives the driver loop the handful of
+The driving rank (global rank 0) owns the rollout client (for every engine), the reward workers and the
+prompt stream; the first rank of each engine's block launches that SGLang engine (`rollout/placement.py`);
+every rank owns its shard of the policy. `Session` gives the driver loop the handful of
 operations it needs and hides which rank does what.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +21,8 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
+from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.rollout.placement import engine_placement
 from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows
@@ -27,6 +30,9 @@ from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import Prompt, RolloutManager
 from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
+
+if TYPE_CHECKING:
+    from dapo_megatron.rollout.engine import EngineRecord
 
 PROBE_PROMPTS = 4
 PROBE_CONTINUATION = "Answer: 12"
@@ -50,6 +56,7 @@ class Session:
         self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
                            temperature=job.rollout.temperature)
         self.engine = self.client = self.rewards = self.rollouts = None
+        self.engines = engine_placement(layout.world_size, job.rollout, layout.device.type)
         self.sync: WeightSync | None = None
         self.eval_prompts: list[Prompt] = []
         self.start_step = self._load_initial_state()
@@ -59,13 +66,19 @@ class Session:
     # ------------------------------------------------------------------ set-up
 
     def __enter__(self) -> Session:
+        engine = self.engines.owns(self.layout.rank)
+        if engine is not None:
+            self._start_engine(engine)
+        records: list[EngineRecord | None] = [None] * self.layout.world_size
+        torch.distributed.all_gather_object(records, self.engine.record() if self.engine is not None else None)
+        self.engine_records = [record for record in records if record is not None]  # in engine order
         if self.layout.is_logging_rank:
             self._start_rollout_side()
-        urls = [self.engine.url if self.engine is not None else ""]
-        torch.distributed.broadcast_object_list(urls, src=0)
         self.sync = SYNC_METHODS[self.job.rollout.sync_method](
-            urls, self.job.model, self.layout, bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20,
-            engine_tp_size=self.job.rollout.engine_tp_size, timeout_s=self.job.rollout.request_timeout_s)
+            [record.url for record in self.engine_records], self.job.model, self.layout,
+            bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20, engine_tp_size=self.job.rollout.engine_tp_size,
+            timeout_s=self.job.rollout.request_timeout_s,
+            engine_owners=[self.engines.owner(e) for e in range(self.engines.num_engines)])
         self.probe = self._probe_rows()
         return self
 
@@ -75,22 +88,35 @@ class Session:
             if resource is not None:
                 (resource.shutdown if hasattr(resource, "shutdown") else resource.close)()
 
+    @property
+    def _rollout_config(self) -> RolloutConfig:
+        rollout = self.job.rollout
+        return dataclasses.replace(rollout, dtype=self.job.model.params_dtype) if rollout.dtype == "auto" else rollout
+
+    def _start_engine(self, index: int) -> None:
+        """Colocated: the engine's TP group starts at this rank's GPU. In a multi-node job it listens on the
+        address towards the rendezvous host, where the driving rank can reach it."""
+        from dapo_megatron.rollout.engine import SGLangEngine, address_towards
+
+        log_dir = Path(self.job.rollout.log_dir or self.out / "logs")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        name = "sglang_engine.log" if self.engines.num_engines == 1 else f"sglang_engine_{index}.log"
+        self.engine = SGLangEngine(self.job.model.hf_dir, self._rollout_config, log_file=log_dir / name,
+                                   host=address_towards(self.layout.master_addr), device=self.layout.device.type,
+                                   base_gpu_id=self.layout.local_rank)
+        self.engine.start()
+
     def _start_rollout_side(self) -> None:
         from dapo_megatron.rewards.pool import RewardPool
         from dapo_megatron.rollout.client import RolloutClient
-        from dapo_megatron.rollout.engine import SGLangEngine
+        from dapo_megatron.rollout.engine import liveness_check
 
         job = self.job
-        rollout = job.rollout
-        if rollout.dtype == "auto":
-            rollout = dataclasses.replace(rollout, dtype=job.model.params_dtype)
-        log_dir = Path(rollout.log_dir or self.out / "logs")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        # Colocated: the engine shares this rank's GPU (one engine per node's first GPUs on clusters).
-        self.engine = SGLangEngine(job.model.hf_dir, rollout, log_file=log_dir / "sglang_engine.log",
-                                   device=self.layout.device.type, base_gpu_id=self.layout.local_rank)
-        self.engine.start()
-        self.client = RolloutClient(self.engine.url, rollout, on_error=self.engine.check_alive)
+        rollout = self._rollout_config
+        # Rank 0 launched engine 0 and can watch its processes directly; the others through their records.
+        watched = [self.engine, *self.engine_records[1:]]
+        self.client = RolloutClient([record.url for record in self.engine_records], rollout,
+                                    on_error=liveness_check(watched))
         self.rewards = RewardPool(job.reward)
         train, self.eval_prompts = build_prompt_sources(job, self.tokenizer)
         if self._prompt_state is not None:
@@ -192,9 +218,10 @@ class Session:
         trainer = self.actor.compute_log_probs(self.probe, self.job.trainer.micro_batch_size, temperature=1.0)
         if not self.layout.is_logging_rank:
             return
-        engine = engine_log_probs(self.client, self._probe_prompts, self._probe_continuations)
-        check_sync(trainer, engine, self.probe.response_mask, tolerance=self.job.rollout.sync_check_tolerance,
-                   version=version)
+        for index, url in enumerate(self.client.urls):  # each engine got its weights its own way
+            engine = engine_log_probs(self.client, self._probe_prompts, self._probe_continuations, engine=index)
+            check_sync(trainer, engine, self.probe.response_mask, tolerance=self.job.rollout.sync_check_tolerance,
+                       version=version, engine=url)
 
     def evaluate(self) -> dict[str, float]:
         if not self.layout.is_logging_rank:

@@ -24,13 +24,14 @@ def probe_rows(prompts: Sequence[list[int]], continuations: Sequence[list[int]],
     return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.zeros(len(prompts)))
 
 
-def engine_log_probs(client: RolloutClient, prompts: Sequence[list[int]],
-                     continuations: Sequence[list[int]]) -> torch.Tensor:
-    """The engine's (untempered) log-probs of the continuations, laid out like `probe_rows`' mask."""
+def engine_log_probs(client: RolloutClient, prompts: Sequence[list[int]], continuations: Sequence[list[int]], *,
+                     engine: int = 0) -> torch.Tensor:
+    """The (untempered) log-probs of the continuations by the client's engine number `engine`, laid out like
+    `probe_rows`' mask."""
     rows = probe_rows(prompts, continuations, pad_token_id=0)
     out = torch.zeros_like(rows.response_mask)
     values = client.teacher_forced_log_probs([p + c for p, c in zip(prompts, continuations, strict=True)],
-                                             [len(p) for p in prompts])
+                                             [len(p) for p in prompts], engine=engine)
     for row, (prompt, row_values) in enumerate(zip(prompts, values, strict=True)):
         out[row, len(prompt) - 1:len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
     return out

@@ -57,44 +57,67 @@ def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_demo_runs_pipeline_parallel(demo_base: Path, tmp_path: Path) -> None:
+def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tmp_path: Path) -> None:
+    """PP2 with two engines: each rank launches one, rank 0 spreads the rollouts over both, and the sync check
+    after every step compares each engine with the trainer."""
     out = tmp_path / "run"
     run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
          "-m", "dapo_megatron.train", "experiment=demo", "parallel=pp2", f"model.hf_dir={demo_base}",
          f"output_dir={out}", "trainer.total_steps=2", "eval.every=0", "rollout.sync_check=always",
-         "trainer.on_unfilled_batch=train"], timeout=900)
+         "rollout.num_engines=2", "trainer.on_unfilled_batch=train"], timeout=900)
     steps = [json.loads(line)["step"] for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+    assert sorted(p.name for p in (out / "logs").glob("sglang_engine*.log")) == ["sglang_engine_0.log",
+                                                                                 "sglang_engine_1.log"]
 
 
-def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path) -> None:
+DEMO_FOREVER = ["experiment=demo", "trainer.total_steps=1000", "eval.every=0", "trainer.save_every=0"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-engine", "the-other-ranks-engine"])
+def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path, ranks: int) -> None:
     """The scheduler (the process an OOM killer would pick) dies while the driver generates: the job
-    must stop with an error naming the engine and its log, and leave no process behind."""
+    must stop with an error naming the engine and its log, and leave no process behind. With two ranks and an
+    engine each, the dead engine is rank 1's, which the driving rank 0 only knows by its record."""
     out = tmp_path / "run"
     console = tmp_path / "console.txt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    launch = [sys.executable, "-m", "dapo_megatron.train"] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+        "-m", "dapo_megatron.train", "parallel=pp2", "rollout.num_engines=2"]
     with open(console, "w") as sink:
-        trainer = subprocess.Popen(
-            [sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-             f"output_dir={out}", "trainer.total_steps=1000", "eval.every=0", "trainer.save_every=0"],
-            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen([*launch, *DEMO_FOREVER, f"model.hf_dir={demo_base}", f"output_dir={out}"],
+                                   cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 600
             while "step 1/1000" not in console.read_text():
                 assert trainer.poll() is None and time.monotonic() < deadline, console.read_text()[-3000:]
                 time.sleep(0.2)
             family = psutil.Process(trainer.pid).children(recursive=True)
-            scheduler = next(p for p in family if "scheduler" in p.name())
+            scheduler = next(p for p in family if "scheduler" in p.name() and _launching_rank(p, trainer.pid) == ranks - 1)
             scheduler.kill()  # right after a step line: the next rollout is being generated
             code = trainer.wait(timeout=300)
         finally:
             if trainer.poll() is None:
                 trainer.kill()
     text = console.read_text()
+    log = "sglang_engine.log" if ranks == 1 else "sglang_engine_1.log"
     assert code != 0, text[-3000:]
-    assert "the SGLang engine died" in text and str(out / "logs") in text, text[-3000:]
+    assert "the SGLang engine died" in text and str(out / "logs" / log) in text, text[-3000:]
     assert "Traceback" in text  # the error is raised, not swallowed into a hang or a clean exit
     # Helpers (reward-pool forkserver, torch's shared-memory manager) exit when they notice their parent
     # is gone; give them a moment, then nothing may remain.
     _, survivors = psutil.wait_procs(family, timeout=30)
     assert not survivors, [(p.pid, p.name()) for p in survivors]
+
+
+def _launching_rank(process: psutil.Process, launcher: int) -> int:
+    """The trainer rank whose engine `process` belongs to: engines do not inherit RANK, the rank processes
+    between them and the `launcher` do (a single process without torchrun is rank 0)."""
+    for parent in process.parents():
+        if parent.pid == launcher:
+            break
+        rank = parent.environ().get("RANK")
+        if rank is not None:
+            return int(rank)
+    return 0

@@ -13,7 +13,7 @@ import torch
 
 from dapo_megatron.data import char_tokenizer
 from dapo_megatron.rollout.client import RolloutClient, RolloutError, Sample
-from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_greedy, hf_log_probs
 
 pytestmark = pytest.mark.sglang
@@ -26,7 +26,7 @@ LONG = 3000  # new tokens: several seconds of decoding, so an abort lands mid-ge
 
 @pytest.fixture(scope="module")
 def client(engine: SGLangEngine) -> Iterator[RolloutClient]:
-    with RolloutClient(engine.url, engine.cfg, on_error=engine.check_alive) as shared:
+    with RolloutClient(engine.url, engine.cfg, on_error=liveness_check([engine])) as shared:
         yield shared
 
 
@@ -170,10 +170,10 @@ def test_closing_a_stream_early_stops_its_requests(engine: SGLangEngine) -> None
 def test_request_timeout_names_the_request_and_aborts_it(engine: SGLangEngine) -> None:
     errors: list[str] = []
     cfg = engine_config(request_timeout_s=1.0)
-    client = RolloutClient(engine.url, cfg, on_error=lambda: errors.append("checked"))
+    client = RolloutClient(engine.url, cfg, on_error=errors.append)
     with pytest.raises(RolloutError, match=r"group key 'slow'.*timed out after 1 s"):
         list(client.stream_groups([("slow", PROMPTS[0][1])], n=2, max_new_tokens=LONG, ignore_eos=True))
-    assert errors == ["checked"]
+    assert errors == [engine.url]  # the hook learns which engine failed
     engine.flush_cache(wait_s=10.0)  # the aborted request ends within a decode step, not after LONG tokens
 
 

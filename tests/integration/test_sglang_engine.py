@@ -21,7 +21,7 @@ import torch
 
 from dapo_megatron.data import char_tokenizer
 from dapo_megatron.rollout.client import RolloutClient, RolloutError
-from dapo_megatron.rollout.engine import EngineError, SGLangEngine, free_port, read_log_tail
+from dapo_megatron.rollout.engine import EngineError, SGLangEngine, free_port, liveness_check, read_log_tail
 from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
 
@@ -85,7 +85,7 @@ def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngin
         engine.check_alive()
     assert read_log_tail(engine.log_file, 3) in str(info.value)
     # A client whose request fails asks the engine, and reports its death instead of a refused connection.
-    client = RolloutClient(engine.url, engine.cfg, on_error=engine.check_alive)
+    client = RolloutClient(engine.url, engine.cfg, on_error=liveness_check([engine]))
     with pytest.raises(EngineError, match="died") as info:
         list(client.stream_groups([("p", PROMPT)], n=1, max_new_tokens=4))
     assert isinstance(info.value.__cause__, RolloutError)

@@ -20,6 +20,7 @@ from dapo_megatron.rollout.weight_sync import (
     WeightSyncError,
     buckets,
     check_sync,
+    flatten_bucket,
     post_all,
     push_bucket,
 )
@@ -48,9 +49,9 @@ def push(engine: SGLangEngine, named: list[tuple[str, torch.Tensor]], version: s
         post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)
         for bucket in buckets(named, max_bytes=64 * 1024):  # several buckets
             if group is not None:
-                group.push(bucket, version=version)
+                group.push(flatten_bucket(bucket), version=version)
             else:
-                push_bucket([engine.url], bucket, version=version, engine_tp_size=1, timeout_s=60)
+                push_bucket([engine.url], flatten_bucket(bucket), version=version, engine_tp_size=1, timeout_s=60)
         post_all([engine.url], "/end_weight_update", {}, timeout_s=60)
     finally:
         if group is not None:
@@ -97,9 +98,9 @@ def test_a_refused_broadcast_fails_at_once_and_retires_the_group(engine: SGLangE
     try:
         started = time.monotonic()
         with pytest.raises(WeightSyncError, match="begin_weight_update"):
-            group.push(bucket, version="refused")
+            group.push(flatten_bucket(bucket), version="refused")
         assert time.monotonic() - started < 30
         with pytest.raises(WeightSyncError, match="broken by an earlier failure"):
-            group.push(bucket, version="refused")
+            group.push(flatten_bucket(bucket), version="refused")
     finally:
         group.close()

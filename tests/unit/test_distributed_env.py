@@ -18,17 +18,17 @@ def test_first_host_of_a_slurm_nodelist(nodelist: str, host: str) -> None:
 
 
 def test_torchrun_variables_win() -> None:
-    env = process_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n1",
-                       "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
-    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.launcher) == (
-        3, 8, 3, "n1", 1234, "torchrun")
+    env = process_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n1", "GROUP_RANK": "1",
+                       "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0"})
+    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.launcher, env.node) == (
+        3, 8, 3, "n1", 1234, "torchrun", 1)
 
 
 def test_srun_one_task_per_gpu() -> None:
-    env = process_env({"SLURM_PROCID": "13", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5",
+    env = process_env({"SLURM_PROCID": "13", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_NODEID": "1",
                        "SLURM_JOB_NODELIST": "h100-[001-002]", "SLURM_JOB_ID": "4242"})
-    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.launcher) == (
-        13, 16, 5, "h100-001", "slurm")
+    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.launcher, env.node) == (
+        13, 16, 5, "h100-001", "slurm", 1)
     assert env.master_port == 20000 + 4242
 
 
