@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
 
 
+Payload = dict[str, Any] | list[tuple[str, torch.Tensor]]
+"""What one push carries: a `flatten_bucket` dict, or named tensors the engine can open where they are."""
+
+
 class WeightSyncError(RuntimeError):
     """The engine refused the weights, or holds different weights than the trainer after a sync."""
 
@@ -226,9 +230,12 @@ class WeightSync:
         receives = rank in route.relayed
         if not gathers and not receives:
             return
+        named = iter_hf_tensors(model, self.cfg, self.layout)
+        in_place: list[tuple[str, torch.Tensor]] = []  # tensors the engines can read where they are
+        if rank == route.sender and route.group is None:
+            named = self._set_aside(named, in_place)
         # Other replicas hold the same weights; a receiver outside the stage loops until the end marker.
-        stream = buckets(iter_hf_tensors(model, self.cfg, self.layout), self.bucket_bytes) if gathers \
-            else itertools.repeat(None)
+        stream = buckets(named, self.bucket_bytes) if gathers else itertools.repeat(None)
         for bucket in stream:
             if rank == route.sender:
                 payload = flatten_bucket(bucket, self._staging_for(bucket_nbytes(bucket)))
@@ -239,10 +246,17 @@ class WeightSync:
                 if received is None:
                     break
                 self._deliver_checked(route.relayed[rank], received, version)
+        if in_place:
+            self._deliver_checked(route.direct, in_place, version)
         if rank == route.sender:
             self._relay(route, None)  # the end marker
         elif receives and gathers:
             self._relay(route, None)
+
+    def _set_aside(self, named: Iterator[tuple[str, torch.Tensor]],
+                   into: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Move the tensors that need no copy into `into` and yield the rest (by default: none, all of them)."""
+        return named
 
     def _relay(self, route: StageRoute, payload: dict[str, Any] | None) -> dict[str, Any] | None:
         """The sender's `payload` (None: the end marker) on every rank of `route.group`; a no-op without one."""
@@ -263,7 +277,7 @@ class WeightSync:
             return staging[:nbytes]
         return torch.empty(nbytes, dtype=torch.uint8, device=self.layout.device)
 
-    def _deliver_checked(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
+    def _deliver_checked(self, urls: Sequence[str], payload: Payload, version: str) -> None:
         """Deliver unless an earlier bucket failed; a failure is kept so the collectives still finish and
         every rank fails together."""
         if not urls or self._error is not None:
@@ -273,7 +287,8 @@ class WeightSync:
         except WeightSyncError as failure:
             self._error = str(failure)
         else:
-            self._sent_bytes += payload["flattened_tensor"].numel()
+            self._sent_bytes += payload["flattened_tensor"].numel() if isinstance(payload, dict) \
+                else bucket_nbytes(payload)
             self._sent_buckets += 1
 
     def close(self) -> None:
@@ -283,8 +298,9 @@ class WeightSync:
         """The buffer a bucket of `nbytes` is flattened into; None: a fresh one per bucket."""
         raise NotImplementedError
 
-    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
-        """Deliver one flattened bucket to the engines at `urls`; raise WeightSyncError if one refuses it."""
+    def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
+        """Deliver one flattened bucket (or the set-aside tensors) to the engines at `urls`; raise
+        WeightSyncError if one refuses it."""
         raise NotImplementedError
 
     def _host_staging(self, nbytes: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
@@ -315,12 +331,31 @@ class TensorWeightSync(WeightSync):
         super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
                          timeout_s=timeout_s, engine_owners=engine_owners)
 
+    def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
+        if self.layout.device.type == "cpu":
+            # Parameters in shared memory reach a same-node engine with no copy on our side: every tensor the
+            # HF mapping yields as a view of one (all but the split q/k/v) is pickled where it lies, and only
+            # the rest goes through the staging buffer. Halved the sync time at 110M parameters (measured).
+            # `share_memory_` moves a storage once and in place, so views (DDP's buffers) follow.
+            for param in model.parameters():
+                if not param.untyped_storage().is_shared():
+                    param.data.share_memory_()
+        return super().sync(model, version)
+
+    def _set_aside(self, named: Iterator[tuple[str, torch.Tensor]],
+                   into: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named:
+            if tensor.device.type == "cpu" and tensor.untyped_storage().is_shared():
+                into.append((name, tensor))
+            else:
+                yield name, tensor
+
     def _staging_for(self, nbytes: int) -> torch.Tensor | None:
         # On GPU every bucket gets a fresh device buffer: the engine's copy out of an IPC handle is not
         # synchronised with our next write into it.
         return self._host_staging(nbytes, shared_buffer) if self.layout.device.type == "cpu" else None
 
-    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
+    def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
         push_bucket(urls, payload, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s)
 
 
@@ -342,8 +377,8 @@ class DistributedWeightSync(WeightSync):
         # Private host memory: the bucket leaves through a socket, and /dev/shm is often small in containers.
         return self._host_staging(nbytes, lambda size: torch.empty(size, dtype=torch.uint8))
 
-    def _deliver(self, urls: Sequence[str], payload: dict[str, Any], version: str) -> None:
-        assert self.group is not None, "only sending ranks push"
+    def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
+        assert self.group is not None and isinstance(payload, dict), "only sending ranks push, flattened buckets"
         self.group.push(payload, version=version)
 
     def close(self) -> None:
@@ -440,10 +475,11 @@ def _results(answers: Sequence[Future[None]]) -> None:
         answer.result()
 
 
-def push_bucket(urls: Sequence[str], payload: dict[str, Any], *, version: str, engine_tp_size: int,
+def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_tp_size: int,
                 timeout_s: float) -> None:
     """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session) for a
-    `flatten_bucket` payload; when it returns the engines have copied it and the buffer is free again."""
+    `flatten_bucket` payload or a list of named shared-memory / CUDA tensors; when it returns the engines
+    have copied it and the buffer is free again."""
     for url in urls:
         # The engine slices its own TP shard from the full tensors: the same payload for every rank, but
         # pickled once per receiving process. Pickling a shared-memory tensor takes one reference that the
@@ -451,7 +487,8 @@ def push_bucket(urls: Sequence[str], payload: dict[str, Any], *, version: str, e
         # buffer under us (measured: the next sync failed to open it).
         serialized = [serialize(payload) for _ in range(engine_tp_size)]
         post_all([url], "/update_weights_from_tensor", {
-            "serialized_named_tensors": serialized, "load_format": "flattened_bucket", "flush_cache": True,
+            "serialized_named_tensors": serialized,
+            "load_format": "flattened_bucket" if isinstance(payload, dict) else None, "flush_cache": True,
             "weight_version": version}, timeout_s=timeout_s)
 
 
