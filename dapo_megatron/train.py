@@ -12,8 +12,9 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 
 from dapo_megatron import config as job_config
@@ -22,6 +23,9 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import MetricsLogger, format_line
 from dapo_megatron.trainer.actor import Actor
 from dapo_megatron.trainer.batch import RankShare, split_rows
+
+if TYPE_CHECKING:
+    from dapo_megatron.rollout.engine import SGLangEngine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,23 +37,35 @@ def main(argv: list[str] | None = None) -> int:
         from dapo_megatron.planning.report import dry_run
 
         return dry_run(job)
-    job_config.validate(job, world_size=process_env().world_size)
+    env = process_env()
+    job_config.validate(job, world_size=env.world_size)
+    engine = None
+    if not torch.cuda.is_available():  # on GPUs the engine starts once the policy holds its memory
+        from dapo_megatron.rollout.placement import launch_engine
+
+        engine = launch_engine(job, rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
+                               master_addr=env.master_addr, device="cpu")
     layout = initialize(job.parallel, job.seed)
     try:
-        train(job, layout)
+        train(job, layout, engine)
     finally:
         shutdown()
     return 0
 
 
-def train(job: JobConfig, layout: ParallelLayout) -> None:
+def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = None) -> None:
+    """The DAPO loop; `engine`: this rank's SGLang engine if already launched (`trainer.setup.launch_engine`)."""
     from dapo_megatron.trainer.setup import Session
 
-    with Session(job, layout) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
+    with Session(job, layout, engine) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
                                                         enabled=layout.is_logging_rank) as metrics:
         stop = StopRequest()
         step = saved = session.start_step
-        session.sync_weights(step)
+        startup = {**session.timings, "startup/first_sync_s": session.sync_weights(step),
+                   "startup/total_s": time.time() - psutil.Process().create_time()}  # imports included
+        metrics.log(startup, step)
+        if layout.is_logging_rank:
+            metrics.print(format_line("start-up", {k.removeprefix("startup/"): v for k, v in startup.items()}))
         if job.eval.every and step == 0:
             before = session.evaluate()
             metrics.log(before, step)

@@ -163,6 +163,12 @@ class SGLangEngine:
 
     def start(self) -> SGLangEngine:
         """Launch the server and wait until it generates; on failure kill it and raise EngineError."""
+        self.launch()
+        return self.wait_until_ready()
+
+    def launch(self) -> SGLangEngine:
+        """Start the server process and return at once: its start-up (imports, model load) then overlaps with
+        whatever the caller does before `wait_until_ready`."""
         if self._process is not None:
             raise EngineError(f"engine at {self.url} was already started")
         if _port_in_use(self.host, self.port):
@@ -176,6 +182,11 @@ class SGLangEngine:
                                              stdin=subprocess.DEVNULL, env=self._environment(),
                                              start_new_session=True)  # own group: killpg reaches all
         _LIVE_ENGINES.add(self)
+        return self
+
+    def wait_until_ready(self) -> SGLangEngine:
+        """Wait until the launched server generates; on failure (exit, startup_timeout_s) kill it and raise
+        EngineError."""
         try:
             self._wait_until_healthy()
         except BaseException:

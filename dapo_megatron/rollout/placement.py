@@ -9,9 +9,16 @@ asks for more (the multi-engine paths are tested that way).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dapo_megatron.rollout.config import RolloutConfig
+
+if TYPE_CHECKING:
+    from dapo_megatron.config import JobConfig
+    from dapo_megatron.rollout.engine import SGLangEngine
 
 
 @dataclass(frozen=True)
@@ -46,3 +53,31 @@ def engine_placement(world_size: int, rollout: RolloutConfig, device: str) -> En
                          f"multiple of rollout.engine_tp_size={rollout.engine_tp_size}; lower rollout.num_engines "
                          f"to a divisor of {world_size // rollout.engine_tp_size} (0 = one per TP group)")
     return EnginePlacement(num_engines=count, ranks_per_engine=per_engine)
+
+
+def rollout_config(job: JobConfig) -> RolloutConfig:
+    """The rollout settings with the engine dtype resolved (`auto` = the policy's)."""
+    rollout = job.rollout
+    return dataclasses.replace(rollout, dtype=job.model.params_dtype) if rollout.dtype == "auto" else rollout
+
+
+def launch_engine(job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str,
+                  device: str) -> SGLangEngine | None:
+    """Start (without waiting for it) the SGLang engine this rank launches, if any (`engine_placement`).
+
+    Colocated: the engine's TP group starts at this rank's GPU. In a multi-node job it listens on the address
+    towards the rendezvous host, where the driving rank can reach it. Needs no process group, so on CPU the
+    trainer calls it before importing megatron-core: SGLang's start-up (~20 s of imports in three processes
+    on two cores) then overlaps with the trainer's own."""
+    from dapo_megatron.rollout.engine import SGLangEngine, address_towards
+
+    placement = engine_placement(world_size, job.rollout, device)
+    index = placement.owns(rank)
+    if index is None or not job.model.hf_dir:  # without a model directory Session names the missing field
+        return None
+    log_dir = Path(job.rollout.log_dir or Path(job.output_dir) / "logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    name = "sglang_engine.log" if placement.num_engines == 1 else f"sglang_engine_{index}.log"
+    engine = SGLangEngine(job.model.hf_dir, rollout_config(job), log_file=log_dir / name,
+                          host=address_towards(master_addr), device=device, base_gpu_id=local_rank)
+    return engine.launch()

@@ -8,7 +8,6 @@ operations it needs and hides which rank does what.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +20,7 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
-from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.placement import engine_placement
+from dapo_megatron.rollout.placement import engine_placement, launch_engine, rollout_config
 from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows
@@ -32,7 +30,7 @@ from dapo_megatron.trainer.rollout import Prompt, RolloutManager
 from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
 
 if TYPE_CHECKING:
-    from dapo_megatron.rollout.engine import EngineRecord
+    from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
 
 PROBE_PROMPTS = 4
 PROBE_CONTINUATION = "Answer: 12"
@@ -40,7 +38,12 @@ PROBE_CONTINUATION = "Answer: 12"
 
 
 class Session:
-    def __init__(self, job: JobConfig, layout: ParallelLayout) -> None:
+    """Args:
+        engine: this rank's engine if the caller launched it already (`launch_engine`); otherwise Session
+            launches it, on CPU while the policy is built, on GPU after (see `__init__`).
+    """
+
+    def __init__(self, job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = None) -> None:
         self.job, self.layout = job, layout
         self.out = Path(job.output_dir)
         if not job.model.hf_dir:
@@ -50,30 +53,48 @@ class Session:
         self.tokenizer = load_tokenizer(job.model.hf_dir)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.stop_token_ids = [self.tokenizer.eos_token_id]
-
-        self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
-        optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model)
-        self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
-                           temperature=job.rollout.temperature)
-        self.engine = self.client = self.rewards = self.rollouts = None
+        self.client = self.rewards = self.rollouts = None
+        self.engine = engine
         self.engines = engine_placement(layout.world_size, job.rollout, layout.device.type)
-        self.sync: WeightSync | None = None
-        self.eval_prompts: list[Prompt] = []
-        self.start_step = self._load_initial_state()
+        self.timings: dict[str, float] = {}
+        """Start-up phases in seconds, for the console and TensorBoard."""
+        started = time.perf_counter()
+        if engine is None and layout.device.type == "cpu":
+            # SGLang's start-up overlaps with building the policy. Not on GPUs: the engine sizes its KV cache
+            # from the memory left free, which must already exclude ours.
+            self._launch_engine()
+        try:
+            self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
+            optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model)
+            self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
+                               temperature=job.rollout.temperature)
+            self.sync: WeightSync | None = None
+            self.eval_prompts: list[Prompt] = []
+            self.start_step = self._load_initial_state()
+        except BaseException:
+            if self.engine is not None:
+                self.engine.shutdown()
+            raise
         self._last_check = -1
         self._released = False
+        self.timings["startup/policy_s"] = time.perf_counter() - started
 
     # ------------------------------------------------------------------ set-up
 
     def __enter__(self) -> Session:
-        engine = self.engines.owns(self.layout.rank)
-        if engine is not None:
-            self._start_engine(engine)
+        started = time.perf_counter()
+        if self.engine is None:
+            self._launch_engine()
+        if self.engine is not None:
+            self.engine.wait_until_ready()
+        self.timings["startup/engine_wait_s"] = time.perf_counter() - started
         records: list[EngineRecord | None] = [None] * self.layout.world_size
         torch.distributed.all_gather_object(records, self.engine.record() if self.engine is not None else None)
         self.engine_records = [record for record in records if record is not None]  # in engine order
+        started = time.perf_counter()
         if self.layout.is_logging_rank:
             self._start_rollout_side()
+        self.timings["startup/rollout_side_s"] = time.perf_counter() - started
         self.sync = SYNC_METHODS[self.job.rollout.sync_method](
             [record.url for record in self.engine_records], self.job.model, self.layout,
             bucket_bytes=self.job.rollout.sync_bucket_mb * 2**20, engine_tp_size=self.job.rollout.engine_tp_size,
@@ -88,23 +109,11 @@ class Session:
             if resource is not None:
                 (resource.shutdown if hasattr(resource, "shutdown") else resource.close)()
 
-    @property
-    def _rollout_config(self) -> RolloutConfig:
-        rollout = self.job.rollout
-        return dataclasses.replace(rollout, dtype=self.job.model.params_dtype) if rollout.dtype == "auto" else rollout
-
-    def _start_engine(self, index: int) -> None:
-        """Colocated: the engine's TP group starts at this rank's GPU. In a multi-node job it listens on the
-        address towards the rendezvous host, where the driving rank can reach it."""
-        from dapo_megatron.rollout.engine import SGLangEngine, address_towards
-
-        log_dir = Path(self.job.rollout.log_dir or self.out / "logs")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        name = "sglang_engine.log" if self.engines.num_engines == 1 else f"sglang_engine_{index}.log"
-        self.engine = SGLangEngine(self.job.model.hf_dir, self._rollout_config, log_file=log_dir / name,
-                                   host=address_towards(self.layout.master_addr), device=self.layout.device.type,
-                                   base_gpu_id=self.layout.local_rank)
-        self.engine.start()
+    def _launch_engine(self) -> None:
+        layout = self.layout
+        self.engine = launch_engine(self.job, rank=layout.rank, world_size=layout.world_size,
+                                    local_rank=layout.local_rank, master_addr=layout.master_addr,
+                                    device=layout.device.type)
 
     def _start_rollout_side(self) -> None:
         from dapo_megatron.rewards.pool import RewardPool
@@ -112,7 +121,7 @@ class Session:
         from dapo_megatron.rollout.engine import liveness_check
 
         job = self.job
-        rollout = self._rollout_config
+        rollout = rollout_config(job)
         # Rank 0 launched engine 0 and can watch its processes directly; the others through their records.
         watched = [self.engine, *self.engine_records[1:]]
         self.client = RolloutClient([record.url for record in self.engine_records], rollout,
