@@ -23,13 +23,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from trainer_runs import DEMO_BASE, describe, ensure_base, fmt, ratio, spread, train_run
+from trainer_runs import DEMO_BASE, describe, ensure_base, fmt, ratio, spread, task_seed, train_run
 
 MODES = ("streaming", "batch_sync")
 
 
 def run_mode(mode: str, args: argparse.Namespace, scratch: Path) -> dict[str, object]:
-    overrides = [f"model.hf_dir={args.base}", f"seed={args.seed}", f"trainer.total_steps={args.steps}",
+    overrides = [f"model.hf_dir={args.base}", f"seed={args.seed}", f"data.task_seed={task_seed(args.base)}",
+                 f"trainer.total_steps={args.steps}",
                  f"trainer.dynamic_sampling_mode={mode}", f"trainer.train_batch_size={args.prompts}",
                  f"trainer.ppo_mini_batch_size={args.mini_batch}", f"eval.every={args.steps}",
                  f"eval.num_problems={args.eval_problems}", "trainer.save_every=0",

@@ -30,12 +30,25 @@ class Record:
     metrics: dict[str, float]
 
 
-def ensure_base(base: Path, overrides: Sequence[str] = (), *, timeout: float = 3600) -> Path:
-    """Build the base policy with tools/make_demo_base.py unless `base` already holds one."""
-    if not (base / "config.json").exists():
-        subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(base), "--force",
-                        *overrides], check=True, cwd=REPO, timeout=timeout, env=bench_env())
+def ensure_base(base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 3600) -> Path:
+    """Build the base policy for `task` with tools/make_demo_base.py unless `base` already holds one; refuse a
+    base warmed up on another task (its summary says which; bases from before tasks existed are `addition`)."""
+    summary = base / "warmup_summary.json"
+    if (base / "config.json").exists():
+        built = json.loads(summary.read_text()).get("task", "addition") if summary.exists() else task
+        if built != task:
+            raise ValueError(f"{base} was warmed up on data.task={built}, not {task}: remove it or pass another base")
+        return base
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(base), "--force",
+                    f"data.task={task}", *overrides], check=True, cwd=REPO, timeout=timeout, env=bench_env())
     return base
+
+
+def task_seed(base: Path) -> int:
+    """The seed that split the base's task when it was warmed up. RL runs on the base split with it
+    (`data.task_seed`), whatever their own seed, so its held-out problems are ones its warm-up never saw."""
+    summary = json.loads((base / "warmup_summary.json").read_text())
+    return summary.get("task_seed", summary["seed"])  # bases from before task_seed split with the job seed
 
 
 def bench_env(threads: int = 1) -> dict[str, str]:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""The peer side of bench_e2e_trl.py: Hugging Face TRL's GRPOTrainer configured as DAPO on the demo task.
+"""The peer side of bench_e2e_trl.py: Hugging Face TRL's GRPOTrainer configured as DAPO on a synthetic task.
 
 Runs only in the separate benchmark environment (requirements-bench.txt); nothing in dapo_megatron imports
 TRL. From this project it reuses only dependency-free pieces, so both trainers see the same task and reward:
-the arithmetic problems (`data.arithmetic`), the tokenizer loader (`data.tokenizer`, which keeps the character
+the arithmetic problems of the same task and split (`data.arithmetic`, --task), the tokenizer loader (`data.tokenizer`, which keeps the character
 tokenizer's ids) and DAPO's scorer (`rewards.math_dapo`).
 
 Writes one JSON line per rollout step to --out: wall time (`time.time()`), cumulative evaluation seconds,
@@ -31,6 +31,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--task", choices=arithmetic.TASKS, required=True, help="as the trainer's data.task")
+    parser.add_argument("--task-seed", type=int, required=True,
+                        help="the seed that split the base's task (as the trainer's data.task_seed)")
     parser.add_argument("--steps", type=int, required=True, help="rollout steps")
     parser.add_argument("--prompts", type=int, required=True, help="prompts per rollout step")
     parser.add_argument("--group", type=int, required=True, help="samples per prompt")
@@ -95,8 +98,8 @@ def main() -> None:
     tokenizer = load_tokenizer(args.base)
     model = Qwen2ForCausalLM.from_pretrained(args.base, dtype=torch.float32)
     train = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer}
-                               for p in arithmetic.problems("rl", seed=args.seed)])
-    held_out = arithmetic.problems("eval", seed=args.seed)[:args.eval_problems]
+                               for p in arithmetic.problems("rl", seed=args.task_seed, task=args.task)])
+    held_out = arithmetic.problems("eval", seed=args.task_seed, task=args.task)[:args.eval_problems]
     optimizer_steps = args.prompts // args.mini_batch
     counter = Counter()
     config = GRPOConfig(

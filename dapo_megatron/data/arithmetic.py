@@ -2,10 +2,15 @@
 
 * `addition`, the laptop demo: a number up to 99 plus a digit, `Solve: 87+6=? ` -> `Answer: 93`. Small
   enough that a 4-layer, 64-wide model learns it in minutes on two CPU cores.
-* `column_addition`, the ~30M-parameter size of bench/bench_e2e_trl.py: two 9-digit numbers added column by
-  column. The target writes one line per column, units first (`digit+digit+carry in=two-digit sum`, the
-  sum's tens digit being the carry out), then the answer: ~100 characters, so with the character tokenizer
-  responses are ~100 tokens and generation and training compute, not per-step overheads, set the step time.
+* `column_addition`, the ~30M-parameter size of bench/bench_e2e_trl.py: two 3-digit numbers added column by
+  column, `Solve: 517+817=? ` ->
+      units: 7+7+0=14 write 4 carry 1
+      tens: 1+1+1=03 write 3 carry 0
+      hundreds: 5+8+0=13 write 3 carry 1
+      Answer: 1334
+  (each column's digits, carry in, two-digit sum, digit written and carry out), ~110 characters: with the
+  character tokenizer responses are ~110 tokens, so generation and training compute, not per-step
+  overheads, set the step time.
 
 Both are scored by the real DAPO scorer (`rewards.math_dapo`) on the final `Answer:` line only (the working
 is not graded), so they exercise the same reward path as AIME training. Held-out evaluation problems are
@@ -49,14 +54,16 @@ of those. With only a disjoint 250 for RL the policy memorised them (rollout acc
 held out after 160 steps); the warm-up only taught the answer format on its share."""
 WARMUP_FRACTION = 0.55
 
-COLUMN_DIGITS = 9
-"""Digits of both operands of `column_addition`: 9 lines of 9 characters, `Answer: ` and 9-10 digits make
-targets of 98-99 characters (99-100 tokens with EOS), inside a 128-token response cap and its 16-token
-overlong buffer; prompts are 29 characters."""
+COLUMN_NAMES = ("units", "tens", "hundreds")
+"""One per digit of `column_addition`'s operands. Named columns give every line a content anchor: a
+3M-parameter model learned this format (then with a comma before `write`) in ~250 supervised steps (held-out exact match 0.03 at step 200,
+0.25 at 225, 0.77 at 325), while with 9-digit operands on unlabelled lines (`7+6+1=14`, ~100 characters) the
+30M model was still at 0% after 150. Targets are 109-110 characters (110-111 tokens with EOS), inside a
+128-token response cap and its 16-token overlong buffer; prompts are 17 characters."""
 COLUMN_PROBLEMS = 20_000
 """Distinct operand pairs drawn per seed, split with the same fractions as `addition`: 4000 held out (an
 evaluation takes the first few hundred), 11000 for the warm-up, which sees each at most once or twice in a
-few hundred steps of 32-64, and 16000 RL prompts."""
+few hundred steps of 32, and 16000 RL prompts."""
 
 
 def problems(split: str, *, seed: int = 0, task: str = "addition") -> list[Problem]:
@@ -88,10 +95,10 @@ def _addition(a: int, b: int) -> Problem:
 
 
 def _column_pairs(seed: int) -> list[tuple[int, int]]:
-    """`COLUMN_PROBLEMS` random pairs of `COLUMN_DIGITS`-digit numbers, no pair twice in either order (so no
-    held-out problem is a trained one with its operands swapped)."""
+    """`COLUMN_PROBLEMS` random pairs of numbers with one digit per column name, no pair twice in either order
+    (so no held-out problem is a trained one with its operands swapped)."""
     rng = random.Random(seed)
-    low, high = 10 ** (COLUMN_DIGITS - 1), 10**COLUMN_DIGITS - 1
+    low, high = 10 ** (len(COLUMN_NAMES) - 1), 10 ** len(COLUMN_NAMES) - 1
     seen: set[tuple[int, int]] = set()
     pairs: list[tuple[int, int]] = []
     while len(pairs) < COLUMN_PROBLEMS:
@@ -103,11 +110,10 @@ def _column_pairs(seed: int) -> list[tuple[int, int]]:
 
 
 def _column_addition(a: int, b: int) -> Problem:
-    """Units column first. Every line has the same width (the sum always two digits), so each position of
-    the working has one fixed role, which is what lets a small model learn the format in a few hundred steps."""
+    """Units column first; the sum always has two digits, its tens digit being the carry out."""
     lines, carry = [], 0
-    for x, y in zip(reversed(str(a)), reversed(str(b)), strict=True):
+    for name, x, y in zip(COLUMN_NAMES, reversed(str(a)), reversed(str(b)), strict=True):
         total = int(x) + int(y) + carry
-        lines.append(f"{x}+{y}+{carry}={total:02d}\n")
+        lines.append(f"{name}: {x}+{y}+{carry}={total:02d} write {total % 10} carry {total // 10}\n")
         carry = total // 10
     return Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b), working="".join(lines))

@@ -35,6 +35,11 @@ class DataConfig:
     for evaluation when ``eval_files`` is empty; the warm-up (tools/make_demo_base.py) trains on the same
     one, so a base and the RL run on it must be given the same value."""
 
+    task_seed: int | None = None
+    """Seed of the task's split into warm-up, RL and held-out problems; None: the job seed. A base keeps
+    its held-out problems unseen only for RL runs that split with its seed (tools/make_demo_base.py writes
+    it to warmup_summary.json), so a run with another job seed on that base sets this one to the base's."""
+
     format: str = "auto"
     """File format of every file: ``auto`` (detected per file), ``verl``, ``gsm8k`` or ``flat``."""
 
@@ -65,6 +70,10 @@ class DataConfig:
     seed: int = 0
     """Seed of the epoch shuffles; separate from the job seed so model initialisation experiments do
     not change the data order."""
+
+    def split_seed(self, job_seed: int) -> int:
+        """The seed that splits `task`'s problems (see `task_seed`)."""
+        return job_seed if self.task_seed is None else self.task_seed
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

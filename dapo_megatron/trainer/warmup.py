@@ -105,8 +105,9 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     cfg = job.warmup
     optim = dataclasses.replace(job.optim, lr=cfg.lr, lr_warmup_steps=0, weight_decay=0.0)
     optimizer, scheduler = build_optimizer(model, optim, job.parallel, job.model)
-    train_set = arithmetic.problems("warmup", seed=job.seed, task=job.data.task)
-    eval_set = arithmetic.problems("eval", seed=job.seed, task=job.data.task)[:cfg.eval_size]
+    split_seed = job.data.split_seed(job.seed)
+    train_set = arithmetic.problems("warmup", seed=split_seed, task=job.data.task)
+    eval_set = arithmetic.problems("eval", seed=split_seed, task=job.data.task)[:cfg.eval_size]
     vocab_size = len(char_tokenizer.VOCAB)
 
     def teacher_forced() -> float:
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", tokenizer_dir=tokenizer_dir)
             if hf_dir is not None:
                 summary = {f"{job.warmup.eval_mode}_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
-                           "task": job.data.task,
+                           "task": job.data.task, "task_seed": job.data.split_seed(job.seed),
                            "warmup": dataclasses.asdict(job.warmup), "model": dataclasses.asdict(job.model)}
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
             metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "

@@ -11,7 +11,7 @@ from dapo_megatron.data import arithmetic, char_tokenizer
 from dapo_megatron.data.config import DataConfig
 from dapo_megatron.rewards.math_dapo import compute_score
 
-COLUMN_LINE = re.compile(r"(\d)\+(\d)\+([01])=(\d\d)")
+COLUMN_LINE = re.compile(r"(\w+): (\d)\+(\d)\+([01])=(\d\d) write (\d) carry ([01])")
 
 
 def prompts(split: str, seed: int = 0, task: str = "addition") -> set[str]:
@@ -62,16 +62,17 @@ def test_column_splits_are_disjoint_even_with_swapped_operands() -> None:
 def test_column_targets_work_every_column_and_end_in_the_sum() -> None:
     for problem in arithmetic.problems("eval", task="column_addition")[:300]:
         a, b = operands(problem)
-        assert len(a) == len(b) == arithmetic.COLUMN_DIGITS
+        assert len(a) == len(b) == len(arithmetic.COLUMN_NAMES)
         *working, answer_line = problem.target.split("\n")
         assert answer_line == f"Answer: {int(a) + int(b)}" and problem.answer == str(int(a) + int(b))
         carry, digits = 0, ""
-        for line, x, y in zip(working, reversed(a), reversed(b), strict=True):  # units column first
+        for line, name, x, y in zip(working, arithmetic.COLUMN_NAMES, reversed(a), reversed(b), strict=True):
             match = COLUMN_LINE.fullmatch(line)
             assert match, line
-            assert match.groups()[:3] == (x, y, str(carry))
-            total = int(match.group(4))
+            assert match.groups()[:4] == (name, x, y, str(carry))
+            total = int(match.group(5))
             assert total == int(x) + int(y) + carry
+            assert (int(match.group(6)), int(match.group(7))) == (total % 10, total // 10)
             carry, digits = total // 10, str(total % 10) + digits
         assert problem.answer == (str(carry) if carry else "") + digits
 
@@ -84,15 +85,15 @@ def test_the_scorer_grades_the_final_answer_of_column_targets() -> None:
     assert compute_score(wrong, problem.answer)["score"] == -1.0 and not compute_score(wrong, problem.answer)["acc"]
     assert not compute_score(problem.working, problem.answer)["acc"]  # working without an answer line
     # Only the answer line is graded: wrong working with the right answer still scores.
-    assert compute_score("1+1+0=02\n" + f"Answer: {problem.answer}", problem.answer)["acc"]
+    assert compute_score("units: 1+1+0=02 write 2 carry 0\n" + f"Answer: {problem.answer}", problem.answer)["acc"]
 
 
 def test_column_lengths_fit_the_benchmark_budget() -> None:
-    """~100-token responses under bench_e2e_trl's 128-token cap, short of its 16-token overlong buffer, and
+    """~110-token responses under bench_e2e_trl's 128-token cap, short of its 16-token overlong buffer, and
     prompts within configs/experiment/demo.yaml's 32-token prompt limit."""
     problems = arithmetic.problems("eval", task="column_addition") + arithmetic.problems("rl", task="column_addition")
     response = {len(char_tokenizer.encode(p.target)) + 1 for p in problems}  # + EOS
-    assert min(response) >= 95 and max(response) <= 128 - 16
+    assert min(response) >= 100 and max(response) <= 128 - 16
     assert max(len(char_tokenizer.encode(p.prompt)) for p in problems) <= 32
     # Both lengths occur: sums with and without a carry out of the top column.
     assert len(response) == 2

@@ -104,6 +104,20 @@ def test_only_runs_the_named_benchmark_and_timeout_counts_as_failure(fake_benche
     assert run.main(["--bench-dir", str(fake_benches), "--only", "good", "--json", str(out)]) == 0
 
 
+def test_the_large_e2e_size_runs_only_with_large(fake_benches: Path, tmp_path: Path) -> None:
+    write_bench(fake_benches, "e2e_trl", 'import sys\nprint("e2e_throughput_vs_trl_demo 0.5")\n'
+                '"large" in sys.argv and print("e2e_throughput_vs_trl 1.7")\n')
+    out = tmp_path / "ratios.json"
+    for flags, sizes, headline in (([], ["demo"], None), (["--large"], ["demo", "large"], 1.7)):
+        assert run.main(["--bench-dir", str(fake_benches), "--only", "e2e_trl", "--json", str(out), *flags]) == 0
+        report = json.loads(out.read_text())
+        command = report["benchmarks"]["e2e_trl"]["command"]
+        last = len(command) - 1 - command[::-1].index("--sizes")  # the one argparse keeps
+        assert command[last + 1:] == sizes
+        assert report["e2e_throughput_vs_trl_demo"] == 0.5 and report["e2e_throughput_vs_trl"] == headline
+        assert "time_to_accuracy_vs_trl" in report
+
+
 def test_only_rejects_an_unknown_name(fake_benches: Path) -> None:
     with pytest.raises(SystemExit):
         run.main(["--bench-dir", str(fake_benches), "--only", "nope"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dapo_megatron import config as C
-from dapo_megatron.data import char_tokenizer
+from dapo_megatron.data import arithmetic, char_tokenizer
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from tests.conftest import SHARED_DATA
 
@@ -26,6 +26,19 @@ def test_demo_task_by_default_and_resumable(tokenizer) -> None:  # type: ignore[
     ahead = [next(train).uid for _ in range(5)]
     train.load_state_dict(state)
     assert [next(train).uid for _ in range(5)] == ahead
+
+
+def test_the_task_and_its_split_seed_pick_the_problems(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A base warmed up with one job seed keeps its held-out problems for RL runs with another job seed."""
+    held_out = {p.prompt for p in arithmetic.problems("eval", seed=1234, task="column_addition")}
+    trained = {p.prompt for p in arithmetic.problems("rl", seed=1234, task="column_addition")}
+    job = C.load(["experiment=demo", "data.task=column_addition", "seed=0", "data.task_seed=1234"])
+    train, evaluation = build_prompt_sources(job, tokenizer)
+    assert {tokenizer.decode(p.ids) for p in evaluation} <= held_out
+    assert all(tokenizer.decode(next(train).ids) in trained for _ in range(50))
+    # Without task_seed the job seed splits: another held-out set.
+    _, other = build_prompt_sources(C.load(["experiment=demo", "data.task=column_addition", "seed=0"]), tokenizer)
+    assert {tokenizer.decode(p.ids) for p in other} != {tokenizer.decode(p.ids) for p in evaluation}
 
 
 @pytest.mark.skipif(not SHARED_DATA.exists(), reason="needs ../shared/data next to the repository")
