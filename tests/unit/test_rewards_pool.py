@@ -13,7 +13,7 @@ from dapo_megatron.rewards.registry import score_math_dapo, score_sample, scorer
 from tests.conftest import assert_import_is_light
 
 TIMEOUT_S = 1.0
-SLACK_S = 3.0  # worker replacement and scheduling on a busy 2-core machine
+SLACK_S = 10.0  # replacing two workers (spawn + imports) took 5.4 s in all on the 2 cores at load 5; the hang is 3600 s
 
 
 # Scorers for the tests. They live at module level so the workers can import them by reference.
