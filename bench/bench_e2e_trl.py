@@ -15,10 +15,11 @@ Sizes:
   * demo: the demo's base (tools/make_demo_base.py, 165k parameters), 32 prompts x 16 samples, 16-token
     responses, lr 3e-4, 4 optimizer steps per rollout batch: configs/experiment/demo.yaml.
   * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
-    built by the same warm-up with model overrides, 8 prompts x 8 samples, responses up to 128 tokens,
-    lr 1e-4, 4 optimizer steps per rollout batch. The addition task's answers are ~10 tokens, so responses
-    stay short unless the policy rambles: the 128-token budget is a cap here, not the typical length
-    (bench/RESULTS.md says what a long-answer task would need).
+    built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
+    column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, 4 optimizer
+    steps per rollout batch. Building its base takes about an hour on the 2-core machine (done once, kept
+    in outputs/), and each side's rollout step most of a minute: not part of bench/run.py's default run
+    (`bench/run.py --large`).
 Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
 the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: this
 project's trainer runs dynamic sampling (DAPO's, streaming), TRL trains on every group, including those
