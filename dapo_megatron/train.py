@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = None) -> None:
-    """The DAPO loop; `engine`: this rank's SGLang engine if already launched (`trainer.setup.launch_engine`)."""
+    """The DAPO loop; `engine`: this rank's SGLang engine if already launched (`rollout.placement.launch_engine`)."""
     from dapo_megatron.trainer.setup import Session
 
     with Session(job, layout, engine) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",

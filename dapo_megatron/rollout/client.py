@@ -4,9 +4,10 @@ teacher-forced log-probs for weight-sync checks.
 Each prompt's group of n samples is one batch request whose n copies of the prompt carry their own
 request ids (`rid`): SGLang's own `n` parameter would rename the samples' ids, and then a group could
 no longer be aborted. With several engines each group goes to the one with the fewest groups in flight, so
-a group's samples share one engine's weights and a slow engine gets less work. Requests run on a thread pool; the caller's thread pulls prompts from its
-iterable and yields groups in the order they complete, so DAPO's dynamic sampling can score each group
-as soon as it is done and stop pulling prompts when it has enough.
+a group's samples share one engine's weights and a slow engine gets less work. Requests run on a thread
+pool; the caller's thread pulls prompts from its iterable and yields groups in the order they complete, so
+DAPO's dynamic sampling can score each group as soon as it is done and stop pulling prompts when it has
+enough.
 
 Log-prob semantics (SGLang defaults, verified against Hugging Face in tests/integration):
 * sampled tokens: `log_softmax(logits / temperature)` at the sampled token, taken before top-p/top-k

@@ -41,8 +41,8 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 LOG_TAIL_LINES = 40
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
-_TERM_GRACE_S = 10.0
-_REMOTE_HEALTH_TIMEOUT_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
+_TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
+_REMOTE_HEALTH_TIMEOUT_S = 10.0
 
 
 _LAUNCHER_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -391,7 +391,8 @@ def liveness_check(engines: Sequence[SGLangEngine | EngineRecord]) -> Callable[[
 
 def _running_since(pid: int, started: float) -> bool:
     try:
-        return _running(psutil.Process(pid)) and psutil.Process(pid).create_time() == started
+        process = psutil.Process(pid)
+        return _running(process) and process.create_time() == started
     except psutil.NoSuchProcess:
         return False
 

@@ -248,10 +248,8 @@ class WeightSync:
                 self._deliver_checked(route.relayed[rank], received, version)
         if in_place:
             self._deliver_checked(route.direct, in_place, version)
-        if rank == route.sender:
+        if rank == route.sender or (receives and gathers):  # a receiver outside the stage read it in the loop
             self._relay(route, None)  # the end marker
-        elif receives and gathers:
-            self._relay(route, None)
 
     def _set_aside(self, named: Iterator[tuple[str, torch.Tensor]],
                    into: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

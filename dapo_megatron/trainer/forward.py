@@ -80,6 +80,14 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
 
 
 @torch.no_grad()
+def vocab_parallel_argmax(logits: torch.Tensor, layout: ParallelLayout, vocab_size: int) -> torch.Tensor:
+    """Argmax over the whole vocabulary of this TP rank's logits shard [..., V/tp] -> token ids [...].
+    Collective over the TP group; `vocab_size` excludes padded vocabulary columns."""
+    shards = [torch.empty_like(logits) for _ in range(layout.tp_size)]
+    torch.distributed.all_gather(shards, logits.contiguous(), group=layout.tp_group)
+    return torch.cat(shards, dim=-1)[..., :vocab_size].argmax(dim=-1)
+
+
 def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: ParallelLayout, *,
                     max_new_tokens: int, eos_token_id: int, pad_token_id: int, vocab_size: int) -> list[list[int]]:
     """Greedy continuation of each prompt, computed with the trainer's own model (no KV cache).
@@ -98,10 +106,7 @@ def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], la
 
     def pick_next(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         last = logits[rows, lengths - 1]  # [batch, V/tp]: only each row's newest position matters
-        shards = [torch.empty_like(last) for _ in range(layout.tp_size)]
-        torch.distributed.all_gather(shards, last.contiguous(), group=layout.tp_group)
-        full = torch.cat(shards, dim=-1)[:, :vocab_size]
-        return last.sum(), torch.ones((), dtype=torch.int), {"next": full.argmax(dim=-1)}
+        return last.sum(), torch.ones((), dtype=torch.int), {"next": vocab_parallel_argmax(last, layout, vocab_size)}
 
     for _ in range(max_new_tokens):
         window = MicroBatch(tokens=tokens[:, :int(lengths.max())])

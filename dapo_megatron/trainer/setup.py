@@ -83,7 +83,7 @@ class Session:
 
     def __enter__(self) -> Session:
         started = time.perf_counter()
-        if self.engine is None:
+        if self.engine is None and self.layout.device.type != "cpu":  # on CPU `__init__` launched it
             self._launch_engine()
         if self.engine is not None:
             self.engine.wait_until_ready()

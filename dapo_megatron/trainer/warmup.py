@@ -23,7 +23,7 @@ from dapo_megatron.data import arithmetic, char_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import MetricsLogger, format_line
 from dapo_megatron.rewards.math_dapo import compute_score
-from dapo_megatron.trainer.forward import MicroBatch, greedy_generate, run_schedule
+from dapo_megatron.trainer.forward import MicroBatch, greedy_generate, run_schedule, vocab_parallel_argmax
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig
@@ -81,9 +81,7 @@ def teacher_forced_exact(model: torch.nn.Module, rows: list[tuple[list[int], lis
     forward pass instead of one per token (`warmup.eval_mode=teacher_forced`). The same on every rank."""
 
     def exact_rows(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        shards = [torch.empty_like(logits) for _ in range(layout.tp_size)]
-        torch.distributed.all_gather(shards, logits.contiguous(), group=layout.tp_group)
-        predicted = torch.cat(shards, dim=-1)[..., :vocab_size].argmax(dim=-1)
+        predicted = vocab_parallel_argmax(logits, layout, vocab_size)
         assert mb.labels is not None and mb.loss_mask is not None
         exact = ((predicted == mb.labels) | (mb.loss_mask == 0)).all(dim=1)
         return logits.sum(), torch.ones((), dtype=torch.int), {"exact": exact}
