@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 import requests
 
+from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.config import RolloutConfig
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -143,7 +144,8 @@ class SGLangEngine:
                     "--dtype", dtype,
                     # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
                     "--mem-fraction-static", "0.05", "--max-total-tokens", str(self.cfg.max_total_tokens),
-                    "--disable-cuda-graph", "--skip-server-warmup", *self.extra_args]
+                    "--disable-cuda-graph", "--skip-server-warmup",
+                    "--custom-weight-loader", cpu_weight_loader.LOAD_FORMAT, *self.extra_args]
         return [sys.executable, "-m", "sglang.launch_server", *common,
                 "--dtype", self.cfg.dtype, "--tp-size", str(self.cfg.engine_tp_size),
                 "--base-gpu-id", str(self.base_gpu_id),

@@ -3,7 +3,8 @@
 Megatron shards (any TP x PP, any DP) -> one full parameter at a time (TP all-gather) -> Hugging Face
 tensors through `models.hf_mapping` (the same mapping the converters use) -> buckets of at most
 `rollout.sync_bucket_mb` -> the engine, between `begin_weight_update` and `end_weight_update` (required
-from SGLang 0.5.21 on). Each bucket is a single uint8 buffer in SGLang's flattened-bucket layout.
+from SGLang 0.5.21 on). Each bucket is a single uint8 buffer in SGLang's flattened-bucket layout (on CPU
+the engine receives views of it, see `rollout/cpu_weight_loader.py`).
 
 Each pipeline stage pushes its own layers (from its data-parallel rank 0, tensor-parallel rank 0), so
 nothing is funnelled through one rank and at most one bucket beyond the model is alive per stage.
@@ -42,6 +43,7 @@ import torch
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.weights import iter_full_tensors
+from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.engine import address_towards
 
 if TYPE_CHECKING:
@@ -113,6 +115,13 @@ def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Te
                                                 start_idx=start, end_idx=start + raw.numel(), numel=raw.numel()))
         start += raw.numel()
     return {"flattened_tensor": flat, "metadata": metadata}
+
+
+def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a `flatten_bucket` payload, as views of its buffer."""
+    flat = payload["flattened_tensor"]
+    return [(meta.name, flat[meta.start_idx:meta.end_idx].view(meta.dtype).view(meta.shape))
+            for meta in payload["metadata"]]
 
 
 def shared_buffer(nbytes: int) -> torch.Tensor:
@@ -354,7 +363,15 @@ class TensorWeightSync(WeightSync):
         return self._host_staging(nbytes, shared_buffer) if self.layout.device.type == "cpu" else None
 
     def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
-        push_bucket(urls, payload, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s)
+        load_format = None
+        if self.layout.device.type == "cpu":
+            # Named views of the staging buffer instead of SGLang's flattened format, so that every tensor of a
+            # sync goes through the engine's loader that keeps shared memory mapped between syncs.
+            if isinstance(payload, dict):
+                payload = named_views(payload)
+            load_format = cpu_weight_loader.LOAD_FORMAT
+        push_bucket(urls, payload, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
+                    load_format=load_format)
 
 
 class DistributedWeightSync(WeightSync):
@@ -474,10 +491,11 @@ def _results(answers: Sequence[Future[None]]) -> None:
 
 
 def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_tp_size: int,
-                timeout_s: float) -> None:
+                timeout_s: float, load_format: str | None = None) -> None:
     """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session) for a
     `flatten_bucket` payload or a list of named shared-memory / CUDA tensors; when it returns the engines
-    have copied it and the buffer is free again."""
+    have copied it and the buffer is free again. `load_format` names the engine's loader for a list (None:
+    the model's `load_weights`); a flattened payload always uses SGLang's own."""
     for url in urls:
         # The engine slices its own TP shard from the full tensors: the same payload for every rank, but
         # pickled once per receiving process. Pickling a shared-memory tensor takes one reference that the
@@ -486,7 +504,7 @@ def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_t
         serialized = [serialize(payload) for _ in range(engine_tp_size)]
         post_all([url], "/update_weights_from_tensor", {
             "serialized_named_tensors": serialized,
-            "load_format": "flattened_bucket" if isinstance(payload, dict) else None, "flush_cache": True,
+            "load_format": "flattened_bucket" if isinstance(payload, dict) else load_format, "flush_cache": True,
             "weight_version": version}, timeout_s=timeout_s)
 
 

@@ -13,16 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.engine import SGLangEngine
 from dapo_megatron.rollout.weight_sync import (
     UpdateGroup,
     WeightSyncError,
+    bucket_nbytes,
     buckets,
     check_sync,
     flatten_bucket,
+    named_views,
     post_all,
     push_bucket,
+    shared_buffer,
 )
 from tests.conftest import tiny_qwen2
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_log_probs
@@ -104,3 +108,23 @@ def test_a_refused_broadcast_fails_at_once_and_retires_the_group(engine: SGLangE
             group.push(flatten_bucket(bucket), version="refused")
     finally:
         group.close()
+
+
+def test_cpu_loader_follows_shared_buffers_rewritten_in_place_or_replaced(engine: SGLangEngine,
+                                                                         new_model: torch.nn.Module,
+                                                                         tmp_path: Path) -> None:
+    """The CPU sync's engine-side loader keeps the shared memory it was sent mapped between updates (torch then
+    reuses the mapping instead of opening the file again). What it serves must still be the latest content: of
+    the same staging buffer rewritten in place, and of a new buffer that replaced it."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    other = tiny_qwen2(tmp_path / "other", vocab_size=128, num_layers=2, max_positions=MAX_POSITIONS, seed=7,
+                       eos_token_id=1, pad_token_id=0, initializer_range=0.1)
+    staging = shared_buffer(bucket_nbytes(list(new_model.state_dict().items())))
+    for version, (model, buffer) in enumerate([(new_model, staging), (other, staging), (new_model, None)]):
+        payload = flatten_bucket(list(model.state_dict().items()), buffer)  # None: a fresh shared buffer
+        post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)
+        push_bucket([engine.url], named_views(payload), version=f"loader-{version}", engine_tp_size=1, timeout_s=60,
+                    load_format=cpu_weight_loader.LOAD_FORMAT)
+        post_all([engine.url], "/end_weight_update", {}, timeout_s=60)
+        got, want = engine_and_expected(engine, model)
+        assert check_sync(want, got, torch.ones_like(got), tolerance=1e-4, version=f"loader-{version}") < 1e-4
