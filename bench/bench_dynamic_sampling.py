@@ -5,8 +5,9 @@
 
 Two demo trainings, one after the other, same base, seed, batch and steps:
   * streaming (the default `trainer.dynamic_sampling_mode`): each prompt group is judged the moment it
-    completes, the requests still in flight are aborted once the batch is full, and informative groups that
-    finished meanwhile are carried over to the next step;
+    completes and admitted in draw order, the requests still in flight are aborted once the batch is full,
+    and the prompts drawn past it go first next step (finished groups carried over, aborted ones generated
+    again);
   * batch_sync (verl's recipe): `gen_batch_size` = 3 x `train_batch_size` prompts per round, wait for all,
     filter, truncate to the batch (the surplus is dropped), another round if the batch is not full.
 Per step the trainer logs `dynamic_sampling/samples_per_kept` (samples generated, aborted ones included,

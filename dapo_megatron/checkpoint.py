@@ -7,7 +7,7 @@ Layout on disk (Megatron-LM's convention, so its tools recognise it):
     <root>/iter_0000100/dapo_model.json          the ModelConfig the weights belong to
     <root>/iter_0000100/rank_00000.pt            training checkpoints: each rank's optimizer, LR
                                                  schedule and RNG states (resume in the same layout)
-    <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, carry-over
+    <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, dynamic-sampling backlog
 
 torch_dist stores every tensor by its global shape, so a checkpoint written under one TP x PP layout
 loads under any other. A step directory is written under a temporary name and renamed once every
@@ -69,7 +69,7 @@ def save_model(model: torch.nn.Module, root: Path | str, step: int, model_cfg: M
                shared_state: dict[str, Any] | None = None) -> Path:
     """Collective: write checkpoint `step` under `root`: the model's shards (torch_dist), and optionally
     this rank's training state (`rank_state`: optimizer, scheduler, RNG; resumable in the same layout)
-    and rank 0's `shared_state` (step, data position, dynamic-sampling carry-over)."""
+    and rank 0's `shared_state` (step, data position, dynamic-sampling backlog)."""
     from megatron.core import dist_checkpointing
 
     final = step_dir(root, step)

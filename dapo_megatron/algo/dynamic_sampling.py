@@ -7,10 +7,9 @@ until `target_groups` informative groups are collected (paper Eq. 11: 0 < |corre
 The filter looks at raw accuracy, never at the shaped reward: the overlong penalty gives an all-wrong
 group a spread of rewards and would let it through. Singleton groups (G = 1) are kept, as in verl.
 
-`BatchCollector` is the streaming form used by the driver: it judges each group the moment it is
-scored, stops accepting once the batch is full, and keeps surplus informative groups (groups that were
-already generated when the batch filled up) for the next step instead of throwing that compute away.
-Pure Python; the driver owns generation and aborting.
+`BatchCollector` is the form the driver uses: it judges each group the moment it is scored and admits
+informative ones in draw order until the batch is full; what was resolved past that point is left for
+the driver to carry over. Pure Python; the driver owns generation, aborting and carry-over.
 """
 
 from __future__ import annotations
@@ -42,52 +41,61 @@ def judge_group(accuracies: Sequence[bool]) -> str:
 
 @dataclass
 class BatchCollector(Generic[G]):
-    """Collects informative groups for one training batch.
+    """Collects the informative groups of one training batch, admitted in the order their prompts were drawn.
 
-    `carry` holds groups left over from the previous step; they fill the batch first (they were judged
-    already). `offer(group, accuracies)` judges a freshly scored group. Once `full`, further informative
-    groups go to `surplus`, which the driver passes on as the next step's carry (bounded by
-    `max_carry`, so a very easy/hard dataset cannot grow it without limit).
+    Groups are numbered by submission (0, 1, 2, ...) but complete out of order: a group is done when its
+    slowest sample is. Admitting groups as they complete, then aborting the rest once the batch is full,
+    would favour prompts whose samples are all short, and the slow groups it leaves out are the ones with
+    long, rambling or truncated samples, where the overlong penalty and much of the negative advantage
+    live. So `offer` judges a group the moment it completes but admits it only once every earlier index
+    is resolved: the batch is the first `target_groups` informative groups in draw order, the set the
+    batch-synchronous recipe picks too, whatever the timing.
+
+    `carry_in(index, group)` places a group judged in an earlier step. Once `full`, nothing more is
+    admitted; `leftover()` holds what was resolved past the batch, for the driver to carry over.
     """
 
     target_groups: int
-    carry: list[G] = field(default_factory=list)
-    max_carry: int | None = None
     kept: list[G] = field(default_factory=list)
-    surplus: list[G] = field(default_factory=list)
     reasons: Counter[str] = field(default_factory=Counter)
+    _resolved: dict[int, G | None] = field(default_factory=dict)
+    """Groups completed ahead of their turn (None: dropped by the filter)."""
+    _next: int = 0
+    """The lowest index not yet admitted or skipped."""
 
     def __post_init__(self) -> None:
         if self.target_groups < 1:
             raise ValueError(f"target_groups must be >= 1; got {self.target_groups}")
-        take = min(len(self.carry), self.target_groups)
-        self.kept.extend(self.carry[:take])
-        self.surplus.extend(self.carry[take:])
-        self.reasons["carried_over"] += take
-        self.carry = []
 
     @property
     def full(self) -> bool:
         return len(self.kept) >= self.target_groups
 
-    @property
-    def missing(self) -> int:
-        return max(self.target_groups - len(self.kept), 0)
-
-    def offer(self, group: G, accuracies: Sequence[bool]) -> str:
-        """Judge a scored group; returns its reason. Informative groups beyond the target become surplus."""
+    def offer(self, index: int, group: G, accuracies: Sequence[bool]) -> str:
+        """Judge the group drawn `index`-th; returns its reason. Informative groups wait for their turn."""
         reason = judge_group(accuracies)
         self.reasons[reason] += 1
-        if reason in KEEP_REASONS:
-            (self.surplus if self.full else self.kept).append(group)
+        self._resolve(index, group if reason in KEEP_REASONS else None)
         return reason
 
-    def next_carry(self) -> list[G]:
-        """Surplus groups for the next step, oldest first, at most `max_carry`."""
-        limit = len(self.surplus) if self.max_carry is None else self.max_carry
-        dropped = len(self.surplus) - min(limit, len(self.surplus))
-        self.reasons["surplus_discarded"] += dropped
-        return self.surplus[:limit]
+    def carry_in(self, index: int, group: G) -> None:
+        """Place an informative group judged in an earlier step at position `index`."""
+        self.reasons["carried_over"] += 1
+        self._resolve(index, group)
+
+    def leftover(self) -> dict[int, G | None]:
+        """Groups resolved past the point where the batch filled, by index (None: dropped by the filter)."""
+        return dict(self._resolved)
+
+    def _resolve(self, index: int, group: G | None) -> None:
+        if index < self._next or index in self._resolved:
+            raise ValueError(f"group {index} was already resolved")
+        self._resolved[index] = group
+        while not self.full and self._next in self._resolved:
+            admitted = self._resolved.pop(self._next)
+            self._next += 1
+            if admitted is not None:
+                self.kept.append(admitted)
 
     def metrics(self) -> dict[str, Any]:
         judged = sum(self.reasons[r] for r in (*KEEP_REASONS, *DROP_REASONS))
@@ -98,5 +106,4 @@ class BatchCollector(Generic[G]):
             "keep_ratio": informative / judged if judged else 0.0,
             **{f"drop_{reason}": self.reasons[reason] for reason in DROP_REASONS},
             "carried_over": self.reasons["carried_over"],
-            "surplus": len(self.surplus),
         }

@@ -109,9 +109,10 @@ class TrainerConfig:
     dynamic_sampling: bool = True
     """Drop groups whose samples are all right or all wrong and keep generating until the batch is full."""
     dynamic_sampling_mode: str = "streaming"
-    """`streaming`: judge each group as it completes, abort in-flight requests once the batch is full,
-    carry surplus groups to the next step. `batch_sync`: verl's recipe (generate gen_batch_size prompts,
-    wait for all, filter, truncate, repeat), for comparison."""
+    """`streaming`: judge each group as it completes, admit informative groups in draw order, abort
+    in-flight requests once the batch is full and resolve the prompts drawn past it first next step.
+    `batch_sync`: verl's recipe (generate gen_batch_size prompts, wait for all, filter, truncate,
+    repeat), for comparison."""
     gen_batch_size: int = 48
     """Prompts submitted per generation round (verl's recipe uses 3 x train_batch_size)."""
     max_gen_rounds: int = 10
@@ -120,7 +121,11 @@ class TrainerConfig:
     """`error` (stop, as verl does: the data is too easy or too hard for dynamic sampling) or `train`
     (train on the groups collected so far and log it)."""
     carry_over: bool = True
+    """Streaming: prompts drawn past a full batch go first next step, finished informative groups as they
+    are and aborted prompts generated again. False: they are skipped, as verl drops what does not fit."""
     max_carry_groups: int = 64
+    """Streaming: at most this many prompts drawn past a full batch carry over (in draw order, finished or
+    aborted); the rest are skipped. Bounds how stale a carried group can be."""
 
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""

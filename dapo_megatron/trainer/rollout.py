@@ -1,10 +1,13 @@
 """Collect one training batch: generate, score, filter (DAPO's dynamic sampling), on the driving rank.
 
 Streaming mode: prompts go to the engine as request slots free up; each prompt group is scored the
-moment its G samples are done and judged by raw accuracy; once the batch holds `train_batch_size`
-informative groups the requests still in flight are aborted, and informative groups that finished in
-the meantime are carried over to the next step. Batch-synchronous mode reproduces verl's recipe:
-generate `gen_batch_size` prompts, wait for all of them, filter, truncate to the batch size, repeat.
+moment its G samples are done and judged by raw accuracy, then admitted in draw order (see
+`BatchCollector`: admitting in completion order would bias the batch towards short responses). Once
+the batch holds `train_batch_size` informative groups the requests still in flight are aborted. Every
+prompt drawn past the batch is resolved first thing next step, in its place: a group that finished is
+carried over, an aborted one is generated again, so no prompt is skipped and none is chosen by how
+fast it finished. Batch-synchronous mode reproduces verl's recipe: generate `gen_batch_size` prompts,
+wait for all of them, filter, truncate to the batch size, repeat.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,6 +33,20 @@ class Prompt:
     ids: list[int]
     ground_truth: str
     data_source: str
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """A prompt drawn from the source and, once generated and informative, its scored group."""
+
+    prompt: Prompt
+    group: ScoredGroup | None = None
+
+    @property
+    def accuracies(self) -> list[bool]:
+        if self.group is None:
+            raise ValueError(f"prompt {self.prompt.uid} has not been generated")
+        return self.group.accuracies
 
 
 class PromptSource(Protocol):
@@ -50,6 +67,7 @@ class _Stats:
     prompts: int = 0
     generated: int = 0
     aborted: int = 0
+    skipped: int = 0
     reward_status: Counter[str] = field(default_factory=Counter)
 
 
@@ -60,32 +78,23 @@ class RolloutManager:
         self.client, self.rewards, self.prompts = client, rewards, prompts
         self.rollout, self.trainer = rollout, trainer
         self.decode, self.stop_token_ids, self.progress = decode, list(stop_token_ids), progress
-        self.carry: list[ScoredGroup] = []
-        """Informative groups generated after the previous batch filled up (streaming mode)."""
+        self.backlog: list[Drawn] = []
+        """Prompts drawn past the previous batch (streaming mode), in draw order: the next batch resolves
+        them before any fresh prompt. With a group: finished and informative (carried over); without:
+        aborted, generated again."""
 
     def collect(self) -> tuple[list[ScoredGroup], dict[str, float]]:
         """The groups of the next training batch, and the rollout metrics."""
         started = time.perf_counter()
         trainer, stats = self.trainer, _Stats()
         size = trainer.train_batch_size
+        collector: BatchCollector[Drawn] = BatchCollector(size)
         if not trainer.dynamic_sampling:
-            collector = BatchCollector(size)
-            self._stream(size, stats, lambda _, group: collector.kept.append(group))
+            self._stream(self._draw(size), stats, lambda _, drawn: collector.kept.append(drawn))
         elif trainer.dynamic_sampling_mode == "streaming":
-            collector = BatchCollector(size, carry=self.carry, max_carry=trainer.max_carry_groups)
-            self._stream(trainer.max_gen_rounds * trainer.gen_batch_size, stats,
-                         lambda _, group: collector.offer(group, group.accuracies), stop=lambda: collector.full)
-            self.carry = collector.next_carry() if trainer.carry_over else []
-        else:  # batch_sync: judge each round's groups in submission order, so the batch is reproducible
-            collector = BatchCollector(size)
-            for _ in range(trainer.max_gen_rounds):
-                finished: dict[int, ScoredGroup] = {}
-                self._stream(trainer.gen_batch_size, stats, finished.__setitem__)
-                for index in sorted(finished):
-                    collector.offer(finished[index], finished[index].accuracies)
-                if collector.full:
-                    break
-            collector.surplus.clear()  # verl drops what does not fit
+            self._fill_streaming(collector, stats)
+        else:
+            self._fill_batch_sync(collector, stats)
         rounds = -(-stats.prompts // trainer.gen_batch_size)
         if not collector.full:
             message = (f"dynamic sampling collected {len(collector.kept)} of {size} informative groups from "
@@ -95,11 +104,14 @@ class RolloutManager:
                        "data, or set trainer.on_unfilled_batch=train")
             if trainer.on_unfilled_batch == "error" or not collector.kept:
                 raise UnfilledBatchError(message)
-        groups = collector.kept[:size]
+        groups = [drawn.group for drawn in collector.kept if drawn.group is not None]
         metrics = {f"dynamic_sampling/{k}": float(v) for k, v in collector.metrics().items()}
         metrics.update({
             "dynamic_sampling/gen_rounds": float(rounds),
             "dynamic_sampling/samples_per_kept": stats.generated / max(sum(len(g.samples) for g in groups), 1),
+            "dynamic_sampling/backlog_groups": float(sum(d.group is not None for d in self.backlog)),
+            "dynamic_sampling/backlog_prompts": float(len(self.backlog)),
+            "dynamic_sampling/skipped_prompts": float(stats.skipped),
             "rollout/aborted_samples": float(stats.aborted),
             "reward/timeouts": float(stats.reward_status["timeout"]),
             "reward/errors": float(stats.reward_status["error"]),
@@ -107,33 +119,76 @@ class RolloutManager:
         })
         return groups, metrics
 
-    def _stream(self, limit: int, stats: _Stats, on_group: Callable[[int, ScoredGroup], Any],
-                stop: Callable[[], bool] = lambda: False) -> None:
-        """Generate up to `limit` prompt groups, score each as it completes and hand it to `on_group`
-        with its submission index; once `stop()` holds, abort what is in flight (aborted groups are
-        counted, never trained on)."""
-        pending: dict[int, Prompt] = {}
+    def _fill_streaming(self, collector: BatchCollector[Drawn], stats: _Stats) -> None:
+        """The backlog in its places (carried groups placed, aborted prompts first in line), then fresh
+        prompts until the batch is full; what was drawn past it becomes the next backlog."""
+        trainer, regenerate = self.trainer, []
+        for index, drawn in enumerate(self.backlog):
+            if drawn.group is None:
+                regenerate.append((index, drawn.prompt))
+            else:
+                collector.carry_in(index, drawn)
+        fresh = self._draw(trainer.max_gen_rounds * trainer.gen_batch_size - len(regenerate), start=len(self.backlog))
+        not_generated = dict(regenerate) if collector.full else self._stream(
+            itertools.chain(regenerate, fresh), stats, lambda index, drawn: collector.offer(index, drawn, drawn.accuracies),
+            stop=lambda: collector.full)
+        unresolved = self._unresolved(collector.leftover(), not_generated)
+        # Without carry-over nothing is kept, as in verl; past max_carry_groups the rest is skipped. Both cut by
+        # position, never by what finished.
+        self.backlog = unresolved[:trainer.max_carry_groups] if trainer.carry_over else []
+        stats.skipped = len(unresolved) - len(self.backlog)
 
-        def prompts() -> Iterator[tuple[int, list[int]]]:
-            # Keyed by submission index: a small dataset can put one prompt in flight twice.
-            for prompt in itertools.islice(self.prompts, limit):
-                pending[stats.prompts] = prompt
+    def _fill_batch_sync(self, collector: BatchCollector[Drawn], stats: _Stats) -> None:
+        """Rounds of `gen_batch_size` prompts, each generated to the end, until the batch is full; verl drops
+        what does not fit."""
+        numbered = self._draw(self.trainer.max_gen_rounds * self.trainer.gen_batch_size)
+        for _ in range(self.trainer.max_gen_rounds):
+            self._stream(itertools.islice(numbered, self.trainer.gen_batch_size), stats,
+                         lambda index, drawn: collector.offer(index, drawn, drawn.accuracies))
+            if collector.full:
+                return
+
+    def _draw(self, count: int, start: int = 0) -> Iterator[tuple[int, Prompt]]:
+        """Up to `count` fresh prompts, numbered in draw order from `start` (drawn lazily)."""
+        return zip(itertools.count(start), itertools.islice(self.prompts, max(count, 0)), strict=False)
+
+    @staticmethod
+    def _unresolved(leftover: dict[int, Drawn | None], aborted: dict[int, Prompt]) -> list[Drawn]:
+        """The prompts drawn past a full batch that still count, in draw order: informative groups that
+        finished (carried over) and aborted prompts (generated again)."""
+        entries = {**{i: d for i, d in leftover.items() if d is not None}, **{i: Drawn(p) for i, p in aborted.items()}}
+        return [entries[i] for i in sorted(entries)]
+
+    def _stream(self, prompts: Iterable[tuple[int, Prompt]], stats: _Stats, on_group: Callable[[int, Drawn], Any],
+                stop: Callable[[], bool] = lambda: False) -> dict[int, Prompt]:
+        """Generate the numbered prompts, score each group as it completes and hand it to `on_group` with its
+        number; once `stop()` holds, abort what is in flight. Returns the prompts whose groups were aborted
+        (counted as generated, never trained on)."""
+        pending: dict[int, Prompt] = {}
+        aborted: dict[int, Prompt] = {}
+
+        def submit() -> Iterator[tuple[int, list[int]]]:
+            # Keyed by draw number: a small dataset can put one prompt in flight twice.
+            for index, prompt in prompts:
+                pending[index] = prompt
                 stats.prompts += 1
-                yield stats.prompts - 1, prompt.ids
+                yield index, prompt.ids
 
         aborting = False
         n = self.rollout.n_samples_per_prompt
-        for index, samples in self.client.stream_groups(prompts(), n=n, stop_token_ids=self.stop_token_ids,
-                                                        progress=self.progress, progress_total=limit * n):
+        for index, samples in self.client.stream_groups(submit(), n=n, stop_token_ids=self.stop_token_ids,
+                                                        progress=self.progress, progress_total=None):
             prompt = pending.pop(index)
             stats.generated += len(samples)
             if any(s.finish_reason == "abort" for s in samples):
                 stats.aborted += len(samples)
+                aborted[index] = prompt
                 continue
-            on_group(index, self._score(prompt, samples, stats))
+            on_group(index, Drawn(prompt, self._score(prompt, samples, stats)))
             if not aborting and stop():
                 aborting = True
                 self.client.abort_all()
+        return aborted
 
     def _score(self, prompt: Prompt, samples: Sequence[Sample], stats: _Stats) -> ScoredGroup:
         results = self.rewards.score([RewardItem(self.decode(s.output_ids), prompt.ground_truth, prompt.data_source)

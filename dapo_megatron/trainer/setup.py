@@ -132,7 +132,7 @@ class Session:
             train.load_state_dict(self._prompt_state)
         self.rollouts = RolloutManager(self.client, self.rewards, train, rollout=rollout, trainer=job.trainer,
                                        decode=self._decode, stop_token_ids=self.stop_token_ids, progress=False)
-        self.rollouts.carry = self._carry
+        self.rollouts.backlog = self._backlog
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -142,7 +142,7 @@ class Session:
 
     def _load_initial_state(self) -> int:
         """Resume from the latest checkpoint, else start from trainer.load or the HF weights. Returns the step."""
-        self._prompt_state, self._carry = None, []
+        self._prompt_state, self._backlog = None, []
         resume, root = self.job.trainer.resume, self.out / "checkpoints"
         path = None
         if resume == "auto" and (root / checkpoint.TRACKER_FILE).exists():
@@ -153,7 +153,8 @@ class Session:
             directory = checkpoint.load_model(self.model, path)
             rank_state, shared = checkpoint.load_training_state(directory, self.layout)
             self.actor.load_state_dict(rank_state)
-            self._prompt_state, self._carry = shared["prompts"], shared["carry"]
+            # Checkpoints older than the backlog carried finished groups without their prompts: start afresh.
+            self._prompt_state, self._backlog = shared["prompts"], shared.get("backlog", [])
             return shared["step"]
         if self.job.trainer.load:
             checkpoint.load_model(self.model, self.job.trainer.load)
@@ -245,7 +246,7 @@ class Session:
         rank_state = self.actor.state_dict()
         shared = None
         if self.layout.is_logging_rank:
-            shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "carry": self.rollouts.carry}
+            shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "backlog": self.rollouts.backlog}
         return checkpoint.save_model(self.model, self.out / "checkpoints", step, self.job.model, self.layout,
                                      rank_state=rank_state, shared_state=shared)
 

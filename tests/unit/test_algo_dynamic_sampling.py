@@ -1,4 +1,4 @@
-"""DAPO's group filter and the streaming batch collector with carry-over."""
+"""DAPO's group filter and the batch collector that admits groups in draw order."""
 
 from __future__ import annotations
 
@@ -21,43 +21,49 @@ def test_empty_group_is_an_error() -> None:
         judge_group([])
 
 
-def test_collector_fills_then_keeps_surplus_and_counts_reasons() -> None:
+def test_collector_admits_in_draw_order_and_counts_reasons() -> None:
     collector: BatchCollector[str] = BatchCollector(target_groups=2)
-    assert collector.offer("a", [True, True]) == "all_correct"
-    assert collector.offer("b", [True, False]) == "mixed"
-    assert not collector.full and collector.missing == 1
-    assert collector.offer("c", [False, False]) == "all_wrong"
-    assert collector.offer("d", [False, True]) == "mixed"
+    assert collector.offer(1, "b", [True, False]) == "mixed"
+    assert collector.kept == []  # group 0 is still generating: b waits for its turn
+    assert collector.offer(0, "a", [True, True]) == "all_correct"
+    assert collector.kept == ["b"] and not collector.full
+    assert collector.offer(3, "d", [False, True]) == "mixed"
+    assert collector.offer(4, "e", [True, False]) == "mixed"
+    assert collector.kept == ["b"]
+    assert collector.offer(2, "c", [False, False]) == "all_wrong"
     assert collector.full and collector.kept == ["b", "d"]
-    assert collector.offer("e", [True, False]) == "mixed"  # arrived after the batch filled (in flight)
-    assert collector.surplus == ["e"] and collector.next_carry() == ["e"]
+    assert collector.offer(6, "g", [True, True]) == "all_correct"
+    assert collector.leftover() == {4: "e", 6: None}
     metrics = collector.metrics()
-    assert metrics["kept_groups"] == 2 and metrics["judged_groups"] == 5
-    assert metrics["drop_all_correct"] == 1 and metrics["drop_all_wrong"] == 1
-    assert metrics["keep_ratio"] == pytest.approx(3 / 5)
+    assert metrics["kept_groups"] == 2 and metrics["judged_groups"] == 6
+    assert metrics["drop_all_correct"] == 2 and metrics["drop_all_wrong"] == 1
+    assert metrics["keep_ratio"] == pytest.approx(3 / 6)
 
 
-def test_carry_over_fills_the_next_batch_first() -> None:
-    collector: BatchCollector[str] = BatchCollector(target_groups=2, carry=["x", "y", "z"])
-    assert collector.full and collector.kept == ["x", "y"] and collector.surplus == ["z"]
-    assert collector.metrics()["carried_over"] == 2
-    assert collector.next_carry() == ["z"]
+def test_carried_groups_take_their_place_in_the_order() -> None:
+    collector: BatchCollector[str] = BatchCollector(target_groups=2)
+    collector.carry_in(1, "y")
+    assert collector.kept == []  # prompt 0 (aborted last step) is generated again first
+    collector.offer(0, "x", [True, False])
+    assert collector.full and collector.kept == ["x", "y"]
+    assert collector.metrics()["carried_over"] == 1
 
 
-def test_carry_over_is_bounded() -> None:
-    collector: BatchCollector[int] = BatchCollector(target_groups=1, max_carry=2)
-    for group in range(5):
-        collector.offer(group, [True, False])
-    assert collector.next_carry() == [1, 2]
-    assert collector.reasons["surplus_discarded"] == 2
+def test_a_group_resolved_twice_is_an_error() -> None:
+    collector: BatchCollector[str] = BatchCollector(target_groups=3)
+    collector.offer(0, "a", [True, False])
+    with pytest.raises(ValueError, match="group 0 was already resolved"):
+        collector.offer(0, "a", [True, False])
 
 
-@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=6), max_size=40), st.integers(1, 10))
-def test_only_informative_groups_are_ever_kept(groups: list[list[bool]], target: int) -> None:
+@given(st.permutations(range(30)), st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=30,
+                                            max_size=30), st.integers(1, 10))
+def test_the_batch_does_not_depend_on_completion_order(order: list[int], groups: list[list[bool]],
+                                                       target: int) -> None:
+    """Whatever order the groups complete in, the batch is the first `target` informative ones by draw."""
     collector: BatchCollector[int] = BatchCollector(target_groups=target)
-    for index, accuracies in enumerate(groups):
-        collector.offer(index, accuracies)
-    kept = collector.kept + collector.surplus
-    assert all(len(groups[i]) == 1 or 0 < sum(groups[i]) < len(groups[i]) for i in kept)
-    assert len(collector.kept) == min(target, len(kept))
-    assert kept == sorted(kept)  # arrival order is preserved
+    for index in order:
+        collector.offer(index, index, groups[index])
+    informative = [i for i, acc in enumerate(groups) if len(acc) == 1 or 0 < sum(acc) < len(acc)]
+    assert collector.kept == informative[:target]
+    assert sorted(g for g in collector.leftover().values() if g is not None) == informative[target:]

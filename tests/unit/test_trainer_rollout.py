@@ -1,0 +1,141 @@
+"""The driver's batch selection (trainer/rollout.py): which prompt groups a training batch is made of when
+groups complete out of order, the batch fills and the rest is aborted, and what the next step inherits.
+
+The engine here is a scripted stand-in for `RolloutClient` that only decides completion order: the real
+client against a real SGLang engine (streaming, aborts, partial samples) is tested in tests/integration.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+
+import pytest
+
+from dapo_megatron.rewards.config import RewardConfig
+from dapo_megatron.rewards.pool import RewardPool
+from dapo_megatron.rollout.client import Sample
+from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.trainer.config import TrainerConfig
+from dapo_megatron.trainer.rollout import Prompt, RolloutManager
+
+N = 4  # samples per prompt
+
+
+def slow_and_mixed(number: int) -> tuple[float, list[bool]]:
+    """Every third prompt takes ten times longer (long responses); every fifth is all correct."""
+    duration = 10.0 if number % 3 == 0 else 1.0
+    return duration, [True] * N if number % 5 == 4 else [True, False, False, True]
+
+
+class ScriptedEngine:
+    """Runs `slots` groups at a time on a simulated clock and completes them in order of their finish time;
+    after `abort_all` the groups in flight come back aborted."""
+
+    def __init__(self, slots: int, outcome: Callable[[int], tuple[float, list[bool]]]) -> None:
+        self.slots, self.outcome = slots, outcome
+        self.generated: Counter[int] = Counter()
+        self.completed: Counter[int] = Counter()
+        self.aborting = False
+
+    def stream_groups(self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int,
+                      **_: object) -> Iterator[tuple[Hashable, list[Sample]]]:
+        assert n == N
+        pending, clock, in_flight = iter(prompts), 0.0, []
+        self.aborting = False
+        while True:
+            while len(in_flight) < self.slots and not self.aborting:
+                key, ids = next(pending, (None, None))
+                if ids is None:
+                    break
+                self.generated[ids[0]] += 1
+                heapq.heappush(in_flight, (clock + self.outcome(ids[0])[0], ids[0], key))
+            if not in_flight:
+                return
+            clock, number, key = heapq.heappop(in_flight)
+            self.completed[number] += 1
+            yield key, self._samples(key, number, aborted=False)
+            if self.aborting:
+                for _, number, key in in_flight:
+                    yield key, self._samples(key, number, aborted=True)
+                return
+
+    def abort_all(self) -> None:
+        self.aborting = True
+
+    def _samples(self, key: Hashable, number: int, *, aborted: bool) -> list[Sample]:
+        return [Sample(key, i, [number], [int(acc)], [-0.5], "abort" if aborted else "stop", "0", "scripted")
+                for i, acc in enumerate(self.outcome(number)[1])]
+
+
+def manager(engine: ScriptedEngine, pool: RewardPool, **trainer: object) -> RolloutManager:
+    prompts = (Prompt(uid=str(k), ids=[k], ground_truth="1", data_source="toy") for k in itertools.count())
+    config = TrainerConfig(**{"train_batch_size": 4, "ppo_mini_batch_size": 4, "gen_batch_size": 8, **trainer})
+    return RolloutManager(engine, pool, prompts, rollout=RolloutConfig(n_samples_per_prompt=N),  # type: ignore[arg-type]
+                          trainer=config, decode=lambda ids: str(ids[0]), stop_token_ids=[], progress=False)
+
+
+@pytest.fixture
+def pool() -> Iterator[RewardPool]:
+    with RewardPool(RewardConfig(num_workers=0), lambda text, truth, _: {"acc": text == truth}) as scoring:
+        yield scoring
+
+
+def batches(rollouts: RolloutManager, steps: int) -> list[list[int]]:
+    return [[int(group.key) for group in rollouts.collect()[0]] for _ in range(steps)]
+
+
+INFORMATIVE = [k for k in range(100) if k % 5 != 4]
+
+
+def test_streaming_batches_are_the_informative_prompts_in_draw_order(pool: RewardPool) -> None:
+    """Slow groups are never passed over for fast ones, across steps no prompt is skipped, and a group that
+    finished is never generated again (only the ones aborted in flight are)."""
+    engine = ScriptedEngine(slots=6, outcome=slow_and_mixed)
+    assert batches(manager(engine, pool), 5) == [INFORMATIVE[i:i + 4] for i in range(0, 20, 4)]
+    assert engine.generated[0] == 1 and max(engine.generated.values()) > 1
+    assert max(engine.completed.values()) == 1
+
+
+@pytest.mark.parametrize("trainer", [{"carry_over": False}, {"max_carry_groups": 2}])
+def test_without_carry_over_or_past_its_bound_the_tail_is_skipped_in_order(pool: RewardPool,
+                                                                            trainer: dict[str, object]) -> None:
+    engine = ScriptedEngine(slots=6, outcome=slow_and_mixed)
+    rollouts = manager(engine, pool, **trainer)
+    trained, metrics = [], []
+    for _ in range(4):
+        groups, step_metrics = rollouts.collect()
+        trained.append([int(group.key) for group in groups])
+        metrics.append(step_metrics)
+    flat = [k for batch in trained for k in batch]
+    assert flat == sorted(flat) and set(flat) <= set(INFORMATIVE)  # in draw order, nothing twice
+    assert trained[0] == INFORMATIVE[:4]
+    # Nothing passed over: a batch is one run of consecutive informative prompts, or two when the two
+    # prompts carried over precede the skipped ones.
+    def runs(batch: list[int]) -> list[list[int]]:
+        return [batch] if "carry_over" in trainer else [batch[:2], batch[2:]]
+
+    for run in (run for batch in trained for run in runs(batch)):
+        assert run == INFORMATIVE[INFORMATIVE.index(run[0]):INFORMATIVE.index(run[0]) + len(run)]
+    assert all(m["dynamic_sampling/skipped_prompts"] > 0 for m in metrics)
+    assert max(m["dynamic_sampling/backlog_prompts"] for m in metrics) == (0 if "carry_over" in trainer else 2)
+    assert max(engine.completed.values()) == 1
+
+
+def test_streaming_and_batch_sync_pick_the_same_batches(pool: RewardPool) -> None:
+    streamed = batches(manager(ScriptedEngine(6, slow_and_mixed), pool), 3)
+    synced = batches(manager(ScriptedEngine(6, slow_and_mixed), pool, dynamic_sampling_mode="batch_sync"), 1)
+    assert streamed[0] == synced[0]
+
+
+def test_backlog_metrics_and_cost(pool: RewardPool) -> None:
+    rollouts = manager(ScriptedEngine(6, slow_and_mixed), pool)
+    _, first = rollouts.collect()
+    assert first["dynamic_sampling/kept_groups"] == 4 and first["dynamic_sampling/carried_over"] == 0
+    assert first["dynamic_sampling/backlog_prompts"] >= first["dynamic_sampling/backlog_groups"] > 0
+    carried = first["dynamic_sampling/backlog_groups"]
+    _, second = rollouts.collect()
+    assert second["dynamic_sampling/carried_over"] == carried
+    assert second["dynamic_sampling/samples_per_kept"] < first["dynamic_sampling/samples_per_kept"] + 1
