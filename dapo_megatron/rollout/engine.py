@@ -391,6 +391,16 @@ def liveness_check(engines: Sequence[SGLangEngine | EngineRecord]) -> Callable[[
     return check
 
 
+def raise_if_any_died(engines: Sequence[SGLangEngine | EngineRecord], failure: BaseException) -> None:
+    """After `failure` of a request to some engine (a weight push, a control call): raise EngineError,
+    caused by it, for the first engine that died, so the job names the engine and quotes its log."""
+    for engine in engines:
+        try:
+            engine.check_alive()
+        except EngineError as died:
+            raise died from failure
+
+
 def _running_since(pid: int, started: float) -> bool:
     try:
         process = psutil.Process(pid)

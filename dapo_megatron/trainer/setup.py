@@ -20,8 +20,9 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
+from dapo_megatron.rollout.engine import raise_if_any_died
 from dapo_megatron.rollout.placement import engine_placement, launch_engine, rollout_config
-from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, check_sync
+from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, WeightSyncError, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
@@ -91,6 +92,10 @@ class Session:
         records: list[EngineRecord | None] = [None] * self.layout.world_size
         torch.distributed.all_gather_object(records, self.engine.record() if self.engine is not None else None)
         self.engine_records = [record for record in records if record is not None]  # in engine order
+        # This rank's own engine is watched through its processes, the others through their records.
+        self.watched: list[SGLangEngine | EngineRecord] = [
+            self.engine if self.engine is not None and record.url == self.engine.url else record
+            for record in self.engine_records]
         started = time.perf_counter()
         if self.layout.is_logging_rank:
             self._start_rollout_side()
@@ -122,10 +127,8 @@ class Session:
 
         job = self.job
         rollout = rollout_config(job)
-        # Rank 0 launched engine 0 and can watch its processes directly; the others through their records.
-        watched = [self.engine, *self.engine_records[1:]]
         self.client = RolloutClient([record.url for record in self.engine_records], rollout,
-                                    on_error=liveness_check(watched))
+                                    on_error=liveness_check(self.watched))
         self.rewards = RewardPool(job.reward)
         train, self.eval_prompts = build_prompt_sources(job, self.tokenizer)
         if self._prompt_state is not None:
@@ -212,7 +215,11 @@ class Session:
             torch.cuda.empty_cache()
             self.engine.resume_memory(["weights"])
         torch.distributed.barrier()
-        self.sync.sync(self.model, version)
+        try:
+            self.sync.sync(self.model, version)
+        except WeightSyncError as failure:  # a push refused because an engine died: say which, with its log
+            raise_if_any_died(self.watched, failure)
+            raise
         if released:
             torch.cuda.empty_cache()  # the sync's transient buffers
             self.engine.resume_memory(["kv_cache", "cuda_graph"])

@@ -21,7 +21,15 @@ import torch
 
 from dapo_megatron.data import char_tokenizer
 from dapo_megatron.rollout.client import RolloutClient, RolloutError
-from dapo_megatron.rollout.engine import EngineError, SGLangEngine, free_port, liveness_check, read_log_tail
+from dapo_megatron.rollout.engine import (
+    EngineError,
+    SGLangEngine,
+    free_port,
+    liveness_check,
+    raise_if_any_died,
+    read_log_tail,
+)
+from dapo_megatron.rollout.weight_sync import WeightSyncError, post_all
 from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
 
@@ -77,6 +85,7 @@ def test_flush_cache_and_weight_version_label_later_samples(engine: SGLangEngine
 def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngine) -> None:
     tree = process_tree(engine.pid)
     assert len(tree) >= 3
+    record = engine.record()  # how another rank knows this engine
     os.kill(engine.pid, signal.SIGKILL)  # the launcher; its scheduler and detokenizer are orphaned
     deadline = time.monotonic() + 10
     while engine.is_alive() and time.monotonic() < deadline:
@@ -89,6 +98,13 @@ def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngin
     with pytest.raises(EngineError, match="died") as info:
         list(client.stream_groups([("p", PROMPT)], n=1, max_new_tokens=4))
     assert isinstance(info.value.__cause__, RolloutError)
+    # So does a weight push that fails on it, from a rank that knows the engine by its record only.
+    with pytest.raises(EngineError, match="died") as info:
+        try:
+            post_all([engine.url], "/begin_weight_update", {}, timeout_s=10)
+        except WeightSyncError as failure:
+            raise_if_any_died([record], failure)
+    assert isinstance(info.value.__cause__, WeightSyncError) and str(engine.log_file) in str(info.value)
     engine.shutdown()
     assert [p.pid for p in tree if alive(p)] == []
     engine.shutdown()  # idempotent; the fixture calls it once more
