@@ -17,9 +17,9 @@ Sizes:
   * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
     built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
     column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, 4 optimizer
-    steps per rollout batch. Building its base takes about an hour on the 2-core machine (done once, kept
-    in outputs/), and each side's rollout step most of a minute: not part of bench/run.py's default run
-    (`bench/run.py --large`).
+    steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done once, kept
+    in outputs/), and a rollout step 30 s (TRL) to 2 minutes (this project, generating until the batch is
+    full): not part of bench/run.py's default run (`bench/run.py --large`).
 Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
 the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: this
 project's trainer runs dynamic sampling (DAPO's, streaming), TRL trains on every group, including those
@@ -27,9 +27,11 @@ whose advantages are all zero; TRL generates with `model.generate` in-process, t
 
 Reported per side (medians over steps, with p10/p90): wall seconds per rollout step (evaluation excluded),
 trained samples/s, generated samples/s, generated response tokens/s (this project: estimated from the kept
-samples' mean length), held-out greedy accuracy after the same steps, and the wall time, from launch with
+samples' mean length), informative samples trained per second (samples of groups whose samples disagree, so
+their advantages are not all zero: all this project trains, a share of what TRL trains), held-out greedy accuracy after the same steps, and the wall time, from launch with
 start-up included and evaluation excluded, until held-out accuracy first reaches --target-acc. Printed last:
-`e2e_throughput_vs_trl[_demo]` (trained samples/s, this project / TRL) and `time_to_accuracy_vs_trl[_demo]`
+`e2e_throughput_vs_trl[_demo]` (trained samples/s, this project / TRL), the same for generated tokens/s and
+informative samples/s, and `time_to_accuracy_vs_trl[_demo]`
 (this project / TRL; None when either side did not reach the target).
 """
 
@@ -65,8 +67,9 @@ LARGE_MODEL = ("model.hidden_size=512", "model.num_layers=10", "model.ffn_hidden
 LARGE_WARMUP = ("warmup.eval_mode=teacher_forced", "warmup.batch_size=32", "warmup.micro_batch_size=32",
                 "warmup.lr=1e-3", "warmup.eval_every=5", "warmup.eval_size=100", "warmup.max_steps=600",
                 "warmup.target_accuracy=0.2")
-"""The ~30M base on column addition: 485 supervised steps and 63 minutes on the 2-core machine (held-out
-teacher-forced exact match 0.04 at step 480, 0.22 at 485)."""
+"""The ~30M base on column addition. Measured: one build reached teacher-forced exact match 0.22 at step 485
+(63 minutes); another ran all 600 steps (2 hours, nice'd beside other work) and ended at 0.11 teacher-forced,
+0.12 held-out greedy. The warm-up is noisy at this size; check the base's summary before comparing runs."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,9 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
             seconds = m["timing_s/step"] - m.get("timing_s/eval", 0.0)
             generated = m.get("dynamic_sampling/samples_per_kept", 1.0) * trained
             steps.append({"seconds": seconds, "trained": trained, "generated": generated,
-                          "tokens": generated * m["rollout/response_length"]})
+                          "tokens": generated * m["rollout/response_length"],
+                          # dynamic sampling trains only groups whose samples disagree (off in --quick)
+                          "informative": None if args.quick else trained})
     startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
     return summarise(steps, evals, startup, size)
 
@@ -151,7 +156,8 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     for before, after in itertools.pairwise(lines):
         generated = after["samples"] - before["samples"]
         steps.append({"seconds": after["time"] - before["time"] - (after["eval_s"] - before["eval_s"]),
-                      "trained": generated, "generated": generated, "tokens": after["tokens"] - before["tokens"]})
+                      "trained": generated, "generated": generated, "tokens": after["tokens"] - before["tokens"],
+                      "informative": after["informative"] - before["informative"]})
     for line in lines:
         if line["eval_accuracy"] is not None:
             # The stamp is taken before that evaluation ran: subtract only the earlier evaluations.
@@ -170,6 +176,8 @@ def summarise(steps: list[dict[str, float]], evals: list[tuple[int, float, float
         "trained_samples_per_s": spread([s["trained"] / s["seconds"] for s in steps]),
         "generated_samples_per_s": spread([s["generated"] / s["seconds"] for s in steps]),
         "generated_tokens_per_s": spread([s["tokens"] / s["seconds"] for s in steps]),
+        "informative_samples_per_s": (spread([s["informative"] / s["seconds"] for s in steps])
+                                      if all(s["informative"] is not None for s in steps) else None),
         "startup_seconds": startup,
         "eval_accuracy": [(step, acc) for step, acc, _ in evals],
         "eval_seconds": [seconds for _, _, seconds in evals],  # since launch, evaluation excluded
@@ -228,6 +236,9 @@ def main() -> None:
                                                                    theirs["trained_samples_per_s"]["median"])
             summary[f"e2e_generated_tokens_per_s_vs_trl{size.suffix}"] = ratio(
                 mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"])
+            if mine["informative_samples_per_s"] is not None:
+                summary[f"e2e_informative_samples_per_s_vs_trl{size.suffix}"] = ratio(
+                    mine["informative_samples_per_s"]["median"], theirs["informative_samples_per_s"]["median"])
             summary[f"time_to_accuracy_vs_trl{size.suffix}"] = ratio(mine["time_to_accuracy_s"],
                                                                      theirs["time_to_accuracy_s"])
     if args.json:

@@ -7,7 +7,9 @@ the arithmetic problems of the same task and split (`data.arithmetic`, --task), 
 tokenizer's ids) and DAPO's scorer (`rewards.math_dapo`).
 
 Writes one JSON line per rollout step to --out: wall time (`time.time()`), cumulative evaluation seconds,
-cumulative generated samples and response tokens, and the held-out greedy accuracy when evaluated.
+cumulative generated samples, response tokens and informative samples (those of groups whose samples disagree,
+so that their advantages are not all zero: what DAPO's dynamic sampling keeps), and the held-out greedy
+accuracy when evaluated.
 """
 
 from __future__ import annotations
@@ -53,15 +55,21 @@ class Counter:
     def __init__(self) -> None:
         self.samples = 0
         self.tokens = 0
+        self.informative = 0
 
 
-def dapo_reward(counter: Counter, tokenizer: Any) -> Any:
+def dapo_reward(counter: Counter, tokenizer: Any, group: int) -> Any:
     def reward(completions: list[str], answer: list[str], completion_ids: list[list[int]] | None = None,
                **_: Any) -> list[float]:
         ids = completion_ids if completion_ids is not None else [tokenizer.encode(c) for c in completions]
         counter.samples += len(completions)
         counter.tokens += sum(len(i) for i in ids)
-        return [float(compute_score(c, a)["score"]) for c, a in zip(completions, answer, strict=True)]
+        scores = [compute_score(c, a) for c, a in zip(completions, answer, strict=True)]
+        # TRL repeats each prompt `group` times in a row, so a generation batch is whole groups, in order.
+        for start in range(0, len(scores), group):
+            correct = sum(bool(s["acc"]) for s in scores[start:start + group])
+            counter.informative += group if 0 < correct < group else 0
+        return [float(s["score"]) for s in scores]
 
     reward.__name__ = "math_dapo"  # TRL names its logged reward columns after the function
     return reward
@@ -121,7 +129,8 @@ def main() -> None:
 
     def record(step: int, eval_s: float, accuracy: float | None) -> None:
         out.write(json.dumps({"step": step, "time": time.time(), "eval_s": eval_s, "samples": counter.samples,
-                              "tokens": counter.tokens, "eval_accuracy": accuracy}) + "\n")
+                              "tokens": counter.tokens, "informative": counter.informative,
+                              "eval_accuracy": accuracy}) + "\n")
         out.flush()
 
     class Progress(TrainerCallback):
@@ -146,7 +155,7 @@ def main() -> None:
                 self.evaluate(state.global_step // optimizer_steps)
 
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=train, args=config,
-                          reward_funcs=[dapo_reward(counter, tokenizer),
+                          reward_funcs=[dapo_reward(counter, tokenizer, args.group),
                                         get_soft_overlong_punishment(args.max_new_tokens, args.overlong_buffer)],
                           callbacks=[Progress()])
     trainer.train()
