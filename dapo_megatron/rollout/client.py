@@ -18,22 +18,21 @@ Log-prob semantics (SGLang defaults, verified against Hugging Face in tests/inte
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import logging
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn, cast
+from typing import Any, Literal, NoReturn, TextIO, cast
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from dapo_megatron.rollout.config import RolloutConfig
-
-logger = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
 _FINISH_REASONS = ("stop", "length", "abort")
@@ -127,8 +126,9 @@ class RolloutClient:
 
         Prompts are pulled lazily, only when fewer than `max_concurrent_requests // n` groups (at least
         one) per engine are in flight. Sampling arguments default to the config; temperature 0 means greedy (for
-        tests and evaluation; RL sampling needs temperature > 0). `progress` shows a bar counting samples
-        (`progress_total` of them, if known); pass it on the logging rank only.
+        tests and evaluation; RL sampling needs temperature > 0). `progress` shows the samples generated
+        (of `progress_total`, if known: a bar on a terminal, a line every 30 s in a log); pass it on the logging
+        rank only.
 
         After `abort_all()` no further prompt is pulled and the groups in flight come back with their
         partial outputs, finish reason "abort". Closing the generator early aborts the groups in flight.
@@ -408,28 +408,31 @@ def _parse_sample(item: dict[str, Any], group: _Group, index: int) -> Sample:
 
 
 class _Progress:
-    """A tqdm bar counting samples, or a log line every 30 s where tqdm is not installed."""
+    """Samples generated so far, on the driving rank's console: a tqdm bar on a terminal, erased when the
+    stream ends so that the step line stays the only one; in a log file (no terminal, e.g. under Slurm) a line
+    every `_PROGRESS_LOG_EVERY_S` of a long rollout instead of a bar's carriage returns."""
 
-    def __init__(self, total: int | None) -> None:
-        self.samples = 0
-        self._start = self._last_log = time.monotonic()
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self._bar = None
-        else:
-            self._bar = tqdm(total=total, desc="rollout", unit="sample", dynamic_ncols=True)
+    def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
+        self.total, self.samples = total, 0
+        self.stream = sys.stderr if stream is None else stream
+        self._start = self._last_line = time.monotonic()
+        self._bar = None
+        if self.stream.isatty():
+            with contextlib.suppress(ImportError):
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc="rollout", unit="sample", dynamic_ncols=True, leave=False,
+                                 file=self.stream)
 
     def update(self, samples: int) -> None:
         self.samples += samples
         if self._bar is not None:
             self._bar.update(samples)
-        elif time.monotonic() - self._last_log >= _PROGRESS_LOG_EVERY_S:
-            self._last_log = time.monotonic()
-            logger.info("rollout: %d samples in %.0f s", self.samples, self._last_log - self._start)
+        elif time.monotonic() - self._last_line >= _PROGRESS_LOG_EVERY_S:
+            self._last_line = time.monotonic()
+            done = f"{self.samples}/{self.total}" if self.total is not None else str(self.samples)
+            print(f"rollout: {done} samples in {self._last_line - self._start:.0f} s", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        else:
-            logger.info("rollout: %d samples in %.0f s", self.samples, time.monotonic() - self._start)

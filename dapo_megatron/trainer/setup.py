@@ -134,7 +134,7 @@ class Session:
         if self._prompt_state is not None:
             train.load_state_dict(self._prompt_state)
         self.rollouts = RolloutManager(self.client, self.rewards, train, rollout=rollout, trainer=job.trainer,
-                                       decode=self._decode, stop_token_ids=self.stop_token_ids, progress=False)
+                                       decode=self._decode, stop_token_ids=self.stop_token_ids, progress=True)
         self.rollouts.backlog = self._backlog
 
     def _encode(self, text: str) -> list[int]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dapo_megatron.data import char_tokenizer
+from dapo_megatron.rollout import client as client_module
 from dapo_megatron.rollout.client import RolloutClient, RolloutError, Sample
 from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_greedy, hf_log_probs
@@ -86,8 +87,9 @@ def test_greedy_matches_hf_greedy(client: RolloutClient, hf_model: torch.nn.Modu
     assert max_error([s for g in groups.values() for s in g], hf_model, 1.0) < 1e-4
 
 
-def test_groups_hold_n_distinct_samples_of_their_prompt(client: RolloutClient,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_groups_hold_n_distinct_samples_of_their_prompt(client: RolloutClient, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "_PROGRESS_LOG_EVERY_S", 0.0)  # a progress line per group (no terminal here)
     groups = list(client.stream_groups(PROMPTS, n=4, max_new_tokens=16, ignore_eos=True, progress=True,
                                        progress_total=12))
     assert sorted(key for key, _ in groups) == sorted(key for key, _ in PROMPTS)
@@ -98,7 +100,7 @@ def test_groups_hold_n_distinct_samples_of_their_prompt(client: RolloutClient,
         assert all(s.finish_reason == "length" and len(s.output_ids) == 16 for s in samples)
         assert len({tuple(s.output_ids) for s in samples}) > 1
         assert all(s.weight_version for s in samples)
-    assert "12/12" in capsys.readouterr().err  # the progress bar counted samples
+    assert "rollout: 12/12 samples" in capsys.readouterr().err  # the progress lines counted samples
 
 
 def test_finish_reasons(client: RolloutClient, hf_model: torch.nn.Module,
