@@ -46,8 +46,8 @@ class BatchCollector(Generic[G]):
     Groups are numbered by submission (0, 1, 2, ...) but complete out of order: a group is done when its
     slowest sample is. Admitting groups as they complete, then aborting the rest once the batch is full,
     would favour prompts whose samples are all short, and the slow groups it leaves out are the ones with
-    long, rambling or truncated samples, where the overlong penalty and much of the negative advantage
-    live. So `offer` judges a group the moment it completes but admits it only once every earlier index
+    long, rambling or truncated samples, which tend to carry the overlong penalty and the negative
+    advantage of wrong answers. So `offer` judges a group the moment it completes but admits it only once every earlier index
     is resolved: the batch is the first `target_groups` informative groups in draw order, the set the
     batch-synchronous recipe picks too, whatever the timing.
 
