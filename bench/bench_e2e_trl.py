@@ -16,8 +16,8 @@ Sizes:
     responses, lr 3e-4, 4 optimizer steps per rollout batch: configs/experiment/demo.yaml.
   * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
     built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
-    column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, 4 optimizer
-    steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done once, kept
+    column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, lr 2e-5, 4
+    optimizer steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done once, kept
     in outputs/), and a rollout step 30 s (TRL) to 2 minutes (this project, generating until the batch is
     full): not part of bench/run.py's default run (`bench/run.py --large`).
 Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
@@ -96,9 +96,11 @@ SIZES = {
     "demo": Size("demo", DEMO_BASE, (), "addition", (), prompts=32, group=16, mini_batch=8, max_new_tokens=16,
                  overlong_buffer=4, lr=3e-4, steps=40, eval_every=5, eval_problems=200, target_acc=0.4, suffix="_demo"),
     "large": Size("large", REPO / "outputs" / "bench_base_30m_columns", LARGE_MODEL, "column_addition", LARGE_WARMUP,
-                  prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=1e-4, steps=20,
-                  eval_every=5, eval_problems=100, target_acc=0.4, suffix=""),
+                  prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=2e-5, steps=20,
+                  eval_every=5, eval_problems=100, target_acc=0.2, suffix=""),
 }
+"""The large size's lr and target, from its base at 0.12 held-out: at lr 1e-4 both trainers lost accuracy within
+5 steps (this project 0.06, TRL 0.02); at 2e-5 this project rose to 0.16 by step 5."""
 
 
 def quick(size: Size) -> Size:
