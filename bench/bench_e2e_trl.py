@@ -17,9 +17,9 @@ Sizes:
   * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
     built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
     column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, lr 2e-5, 4
-    optimizer steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done once, kept
-    in outputs/), and a rollout step 30 s (TRL) to 2 minutes (this project, generating until the batch is
-    full): not part of bench/run.py's default run (`bench/run.py --large`).
+    optimizer steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done
+    once, kept in outputs/), and a rollout step 30 s (TRL) to 2 minutes (this project, generating until the
+    batch is full): not part of bench/run.py's default run (`bench/run.py --large`).
 Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
 the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: this
 project's trainer runs dynamic sampling (DAPO's, streaming), TRL trains on every group, including those
@@ -28,11 +28,11 @@ whose advantages are all zero; TRL generates with `model.generate` in-process, t
 Reported per side (medians over steps, with p10/p90): wall seconds per rollout step (evaluation excluded),
 trained samples/s, generated samples/s, generated response tokens/s (this project: estimated from the kept
 samples' mean length), informative samples trained per second (samples of groups whose samples disagree, so
-their advantages are not all zero: all this project trains, a share of what TRL trains), held-out greedy accuracy after the same steps, and the wall time, from launch with
-start-up included and evaluation excluded, until held-out accuracy first reaches --target-acc. Printed last:
-`e2e_throughput_vs_trl[_demo]` (trained samples/s, this project / TRL), the same for generated tokens/s and
-informative samples/s, and `time_to_accuracy_vs_trl[_demo]`
-(this project / TRL; None when either side did not reach the target).
+their advantages are not all zero: all this project trains, a share of what TRL trains), held-out greedy
+accuracy after the same steps, and the wall time, from launch with start-up included and evaluation
+excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e_throughput_vs_trl[_demo]`
+(trained samples/s, this project / TRL), the same for generated tokens/s and informative samples/s, and
+`time_to_accuracy_vs_trl[_demo]` (this project / TRL; None when either side did not reach the target).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 
 Runs only in the separate benchmark environment (requirements-bench.txt); nothing in dapo_megatron imports
 TRL. From this project it reuses only dependency-free pieces, so both trainers see the same task and reward:
-the arithmetic problems of the same task and split (`data.arithmetic`, --task), the tokenizer loader (`data.tokenizer`, which keeps the character
-tokenizer's ids) and DAPO's scorer (`rewards.math_dapo`).
+the arithmetic problems of the same task and split (`data.arithmetic`, --task), DAPO's group filter
+(`algo.dynamic_sampling.judge_group`, to count informative samples), the tokenizer loader (`data.tokenizer`,
+which keeps the character tokenizer's ids) and DAPO's scorer (`rewards.math_dapo`).
 
 Writes one JSON line per rollout step to --out: wall time (`time.time()`), cumulative evaluation seconds,
 cumulative generated samples, response tokens and informative samples (those of groups whose samples disagree,
@@ -24,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dapo_megatron.algo.dynamic_sampling import KEEP_REASONS, judge_group  # noqa: E402
 from dapo_megatron.data import arithmetic  # noqa: E402
 from dapo_megatron.data.tokenizer import load_tokenizer  # noqa: E402
 from dapo_megatron.rewards.math_dapo import compute_score  # noqa: E402
@@ -67,8 +69,8 @@ def dapo_reward(counter: Counter, tokenizer: Any, group: int) -> Any:
         scores = [compute_score(c, a) for c, a in zip(completions, answer, strict=True)]
         # TRL repeats each prompt `group` times in a row, so a generation batch is whole groups, in order.
         for start in range(0, len(scores), group):
-            correct = sum(bool(s["acc"]) for s in scores[start:start + group])
-            counter.informative += group if 0 < correct < group else 0
+            accuracies = [bool(s["acc"]) for s in scores[start:start + group]]
+            counter.informative += len(accuracies) if judge_group(accuracies) in KEEP_REASONS else 0
         return [float(s["score"]) for s in scores]
 
     reward.__name__ = "math_dapo"  # TRL names its logged reward columns after the function
