@@ -20,10 +20,14 @@ Sizes:
     optimizer steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done
     once, kept in outputs/), and a rollout step 30 s (TRL) to 2 minutes (this project, generating until the
     batch is full): not part of bench/run.py's default run (`bench/run.py --large`).
-Both sides: loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty over
-the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: this
-project's trainer runs dynamic sampling (DAPO's, streaming), TRL trains on every group, including those
-whose advantages are all zero; TRL generates with `model.generate` in-process, this project with SGLang.
+Both sides: fp32, loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty
+over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: TRL
+generates with `model.generate` in-process, this project with SGLang; this project takes π_old from the
+engine's log-probs (`algo.old_log_prob_source=rollout`, as in the demo: same fp32 numerics on both sides),
+TRL recomputes it; this project runs dynamic sampling (DAPO's, streaming), TRL trains on every group,
+including those whose advantages are all zero. So this project runs twice: with dynamic sampling for
+accuracy and time-to-accuracy, and for `same_work_steps` steps without it, training every group as TRL
+does, for the throughput comparison.
 
 Reported per side (medians over steps, with p10/p90): wall seconds per rollout step (evaluation excluded),
 trained samples/s, generated samples/s, generated response tokens/s (this project: estimated from the kept
@@ -31,8 +35,10 @@ samples' mean length), informative samples trained per second (samples of groups
 their advantages are not all zero: all this project trains, a share of what TRL trains), held-out greedy
 accuracy after the same steps, and the wall time, from launch with start-up included and evaluation
 excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e_throughput_vs_trl[_demo]`
-(trained samples/s, this project / TRL), the same for generated tokens/s and informative samples/s, and
-`time_to_accuracy_vs_trl[_demo]` (this project / TRL; None when either side did not reach the target).
+(trained samples/s, this project without dynamic sampling / TRL: the same work per step),
+`e2e_throughput_dynamic_sampling_vs_trl[_demo]` (the same with dynamic sampling), generated tokens/s and
+informative samples/s (with dynamic sampling), and `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
+None when either side did not reach the target).
 """
 
 from __future__ import annotations
@@ -89,15 +95,16 @@ class Size:
     eval_every: int
     eval_problems: int
     target_acc: float
+    same_work_steps: int  # of the run without dynamic sampling that measures throughput on TRL's work
     suffix: str  # of the printed keys
 
 
 SIZES = {
     "demo": Size("demo", DEMO_BASE, (), "addition", (), prompts=32, group=16, mini_batch=8, max_new_tokens=16,
-                 overlong_buffer=4, lr=3e-4, steps=40, eval_every=5, eval_problems=200, target_acc=0.4, suffix="_demo"),
+                 overlong_buffer=4, lr=3e-4, steps=40, eval_every=5, eval_problems=200, target_acc=0.4, same_work_steps=10, suffix="_demo"),
     "large": Size("large", REPO / "outputs" / "bench_base_30m_columns", LARGE_MODEL, "column_addition", LARGE_WARMUP,
                   prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=2e-5, steps=20,
-                  eval_every=5, eval_problems=100, target_acc=0.2, suffix=""),
+                  eval_every=5, eval_problems=100, target_acc=0.2, same_work_steps=5, suffix=""),
 }
 """The large size's lr and target, from its base at 0.12 held-out: at lr 1e-4 both trainers lost accuracy within
 5 steps (this project 0.06, TRL 0.02); at 2e-5 this project held it (0.16 at step 5, 0.13 at step 10; 100
@@ -107,21 +114,28 @@ problems put the noise near 0.03). Whether 0.2 is reached in 20 steps is not kno
 def quick(size: Size) -> Size:
     """A smoke test: two tiny rollout steps, a handful of evaluation problems."""
     return replace(size, prompts=4, group=4, mini_batch=2, steps=2, eval_every=1, eval_problems=10,
-                   max_new_tokens=min(size.max_new_tokens, 32))
+                   max_new_tokens=min(size.max_new_tokens, 32), same_work_steps=2)
 
 
-def ours(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_sampling: bool = True) -> dict[str, Any]:
+    """This project's run; without `dynamic_sampling` it trains every group, as TRL does (the same work per
+    step: the throughput comparison), for `size.same_work_steps` steps without evaluation."""
+    steps = size.steps if dynamic_sampling else size.same_work_steps
     overrides = [f"model.hf_dir={size.base}", *size.model, f"data.task={size.task}",
                  f"data.task_seed={task_seed(size.base)}", f"seed={args.seed}",
-                 f"trainer.total_steps={size.steps}",
+                 f"trainer.total_steps={steps}",
                  f"trainer.train_batch_size={size.prompts}", f"trainer.ppo_mini_batch_size={size.mini_batch}",
                  f"trainer.gen_batch_size={size.prompts * 3 // 2}", f"rollout.n_samples_per_prompt={size.group}",
                  f"rollout.max_response_length={size.max_new_tokens}",
                  f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
-                 f"eval.every={size.eval_every}", f"eval.num_problems={size.eval_problems}", "trainer.save_every=0"]
-    if args.quick:  # an untrained quick base rarely yields informative groups; a smoke test must not stall on it
+                 f"eval.every={size.eval_every if dynamic_sampling else 0}", f"eval.num_problems={size.eval_problems}",
+                 "trainer.save_every=0"]
+    # Without dynamic sampling; and in --quick, where an untrained base rarely yields informative groups and a
+    # smoke test must not stall on it.
+    if args.quick or not dynamic_sampling:
         overrides += ["trainer.dynamic_sampling=false"]
-    records = train_run(overrides, scratch / f"ours_{size.name}", timeout=args.timeout)
+    records = train_run(overrides, scratch / f"ours_{size.name}{'' if dynamic_sampling else '_same_work'}",
+                        timeout=args.timeout)
     trained = size.prompts * size.group
     steps, evals, eval_s = [], [], 0.0
     for record in records:
@@ -135,7 +149,7 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
             steps.append({"seconds": seconds, "trained": trained, "generated": generated,
                           "tokens": generated * m["rollout/response_length"],
                           # dynamic sampling trains only groups whose samples disagree (off in --quick)
-                          "informative": None if args.quick else trained})
+                          "informative": trained if dynamic_sampling and not args.quick else None})
     startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
     return summarise(steps, evals, startup, size)
 
@@ -227,16 +241,21 @@ def main() -> None:
             ensure_base(size.base, warmup, task=size.task)
             # TRL first, then ours; never both at once (two cores).
             results[name] = {"config": {k: str(v) for k, v in vars(size).items()},
-                             "trl": trl(size, scratch, args), "ours": ours(size, scratch, args)}
-            theirs, mine = results[name]["trl"], results[name]["ours"]
-            for side, r in (("trl", theirs), ("ours", mine)):
-                print(f"{name} {side:4s} {describe('s/step', r['step_seconds'])}; "
+                             "trl": trl(size, scratch, args), "ours": ours(size, scratch, args),
+                             "ours_same_work": ours(size, scratch, args, dynamic_sampling=False)}
+            theirs, mine, same = results[name]["trl"], results[name]["ours"], results[name]["ours_same_work"]
+            for side, r in (("trl", theirs), ("ours", mine), ("ours without dynamic sampling", same)):
+                print(f"{name} {side} {describe('s/step', r['step_seconds'])}; "
                       f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
                       f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; start-up "
                       f"{r['startup_seconds']:.1f}s; eval acc {r['eval_accuracy']}; time to "
                       f"{size.target_acc}: {r['time_to_accuracy_s']}")
-            summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(mine["trained_samples_per_s"]["median"],
+            # The same work per step as TRL (every group trained): what the trainer itself turns out.
+            summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(same["trained_samples_per_s"]["median"],
                                                                    theirs["trained_samples_per_s"]["median"])
+            # DAPO as run (dynamic sampling generates until the batch holds only informative groups).
+            summary[f"e2e_throughput_dynamic_sampling_vs_trl{size.suffix}"] = ratio(
+                mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
             summary[f"e2e_generated_tokens_per_s_vs_trl{size.suffix}"] = ratio(
                 mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"])
             if mine["informative_samples_per_s"] is not None:

@@ -102,11 +102,16 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
 
 def update_policy(actor: Actor, share: RankShare) -> dict[str, float]:
     """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
-    the later steps are off-policy, so the old log-probs are computed once before the first update;
-    with exactly one, the ratio is 1 by construction and that forward pass is skipped."""
+    the later steps are off-policy, so they need the old log-probs: computed once before the first update,
+    or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
+    no old log-probs are needed."""
     started = time.perf_counter()
     steps = len(share.micro_batch_sizes)
-    if steps > 1:
+    if steps > 1 and actor.algo.old_log_prob_source == "rollout":
+        # The engine's log-probs become π_old; kept as rollout log-probs too they would report a
+        # trainer-engine mismatch of exactly zero, so they are not.
+        share.rows.old_log_prob, share.rows.rollout_log_prob = share.rows.rollout_log_prob, None
+    elif steps > 1:
         share.rows.old_log_prob = actor.compute_log_probs(share.rows, share.all_micro_batch_sizes)
     totals: dict[str, float] = {}
     for mini, micro in share.mini_batches():
