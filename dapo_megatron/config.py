@@ -153,6 +153,7 @@ def validate(job: JobConfig, world_size: int) -> None:
     if par.sequence_parallel and model.transformer_impl == "local":
         raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
                           "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")
+    _validate_old_log_prob_source(job)  # first: its fix for quantized rollouts is not the TIS one below
     _validate_low_precision(job)
 
 
@@ -181,6 +182,17 @@ def _validate_low_precision(job: JobConfig) -> None:
             f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, so the "
             "rollout log-probs differ from the trainer's; set algo.tis_cap (truncated importance sampling, "
             "e.g. algo.tis_cap=2.0) or rollout.quantization=null.")
+
+
+def _validate_old_log_prob_source(job: JobConfig) -> None:
+    """π_old taken from the engine is only as good as the engine's agreement with the trainer."""
+    if job.algo.old_log_prob_source == "rollout" and (job.rollout.quantization or job.rollout.sync_check == "off"):
+        why = (f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, whose "
+               "log-probs are not the policy's" if job.rollout.quantization else
+               "rollout.sync_check=off leaves the gap between engine and trainer log-probs unmeasured")
+        raise ConfigError(f"algo.old_log_prob_source=rollout takes pi_old from the engine, but {why}; set "
+                          "algo.old_log_prob_source=trainer" + ("" if job.rollout.quantization else
+                                                                " or rollout.sync_check=first"))
 
 
 def load(overrides: Sequence[str] = (), world_size: int = 1) -> JobConfig:
