@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +22,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def one_gloo_rank(store: Path) -> Iterator[Any]:
+    """This process as the only rank of a gloo job, with megatron-core's groups; yields the ParallelLayout. A file
+    store, not a port: other test processes may share the machine."""
+    from dapo_megatron.distributed.config import ParallelConfig
+    from dapo_megatron.distributed.layout import initialize, shutdown
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        yield initialize(ParallelConfig(), seed=0)
+    finally:
+        shutdown()
+
+
+def tiny_policy(layout: Any, *, vocab_size: int) -> tuple[torch.nn.Module, Any]:
+    """A random 2-layer Qwen2 (megatron-core local layers, fp32) wrapped for training; and its ModelConfig."""
+    from dapo_megatron.distributed.config import ParallelConfig
+    from dapo_megatron.models.config import ModelConfig
+    from dapo_megatron.models.qwen2 import build_gpt_model
+    from dapo_megatron.trainer.optimizer import wrap_for_training
+
+    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+                      vocab_size=vocab_size, max_position_embeddings=256, params_dtype="float32", transformer_impl="local")
+    return wrap_for_training(build_gpt_model(cfg, ParallelConfig(), layout), ParallelConfig()), cfg
 
 
 def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300,

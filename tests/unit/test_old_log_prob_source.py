@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dapo_megatron.algo.config import AlgoConfig
+from tests.conftest import one_gloo_rank, tiny_policy
 
 VOCAB = 128
 
@@ -20,35 +21,23 @@ def build_actor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A factory of Actors on one gloo rank, every one starting from the same weights and a fresh AdamW."""
     pytest.importorskip("megatron.core")
     from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.config import ModelConfig
-    from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
-    from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
+    from dapo_megatron.trainer.optimizer import build_optimizer
 
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        parallel = ParallelConfig()
-        layout = initialize(parallel, seed=0)
-        cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                          vocab_size=VOCAB, max_position_embeddings=256, params_dtype="float32",
-                          transformer_impl="local")
+    with one_gloo_rank(tmp_path_factory.mktemp("gloo") / "store") as layout:
         initial: dict[str, torch.Tensor] = {}
 
         def build(algo: AlgoConfig) -> Actor:
-            model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
+            model, cfg = tiny_policy(layout, vocab_size=VOCAB)
             if initial:
                 model.load_state_dict(initial)
             else:
                 initial.update({k: v.clone() for k, v in model.state_dict().items() if v is not None})
-            optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.0), parallel, cfg)
+            optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.0), ParallelConfig(), cfg)
             return Actor(model, optimizer, scheduler, algo, layout, vocab_size=VOCAB)
 
         yield build
-    finally:
-        shutdown()
 
 
 def batch(seed: int = 0) -> Any:

@@ -9,30 +9,17 @@ import pytest
 import torch
 
 from dapo_megatron.data import arithmetic, char_tokenizer
+from tests.conftest import one_gloo_rank, tiny_policy
 
 VOCAB = len(char_tokenizer.VOCAB)
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[torch.nn.Module, object]]:
-    """A random 2-layer Qwen2 on one gloo rank (file store: other test processes may share the machine)."""
+    """A random 2-layer Qwen2 on one gloo rank."""
     pytest.importorskip("megatron.core")
-    from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.config import ModelConfig
-    from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.trainer.optimizer import wrap_for_training
-
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        parallel = ParallelConfig()
-        layout = initialize(parallel, seed=0)
-        cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                          vocab_size=128, max_position_embeddings=256, params_dtype="float32", transformer_impl="local")
-        yield wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel), layout
-    finally:
-        shutdown()
+    with one_gloo_rank(tmp_path_factory.mktemp("gloo") / "store") as layout:
+        yield tiny_policy(layout, vocab_size=128)[0], layout
 
 
 def test_teacher_forcing_accepts_exactly_what_greedy_decoding_writes(policy: tuple[torch.nn.Module, object]) -> None:
