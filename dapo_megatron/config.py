@@ -186,13 +186,15 @@ def _validate_low_precision(job: JobConfig) -> None:
 
 def _validate_old_log_prob_source(job: JobConfig) -> None:
     """π_old taken from the engine is only as good as the engine's agreement with the trainer."""
-    if job.algo.old_log_prob_source == "rollout" and (job.rollout.quantization or job.rollout.sync_check == "off"):
-        why = (f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, whose "
-               "log-probs are not the policy's" if job.rollout.quantization else
-               "rollout.sync_check=off leaves the gap between engine and trainer log-probs unmeasured")
-        raise ConfigError(f"algo.old_log_prob_source=rollout takes pi_old from the engine, but {why}; set "
-                          "algo.old_log_prob_source=trainer" + ("" if job.rollout.quantization else
-                                                                " or rollout.sync_check=first"))
+    if job.algo.old_log_prob_source != "rollout":
+        return
+    refused = "algo.old_log_prob_source=rollout takes pi_old from the engine, but"
+    if job.rollout.quantization:
+        raise ConfigError(f"{refused} rollout.quantization={job.rollout.quantization} samples from a quantized copy "
+                          "of the policy, whose log-probs are not the policy's; set algo.old_log_prob_source=trainer")
+    if job.rollout.sync_check == "off":
+        raise ConfigError(f"{refused} rollout.sync_check=off leaves the gap between engine and trainer log-probs "
+                          "unmeasured; set algo.old_log_prob_source=trainer or rollout.sync_check=first")
 
 
 def load(overrides: Sequence[str] = (), world_size: int = 1) -> JobConfig:
