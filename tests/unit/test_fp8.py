@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
-from tests.conftest import free_port
+from tests.conftest import one_gloo_rank
 
 H100 = fp8.Fp8Environment(te_version=(2, 8), cuda_available=True, device_name="NVIDIA H100 80GB HBM3",
                           compute_capability=(9, 0))
@@ -166,15 +167,9 @@ def test_sequence_padding_multiple(fields: dict, expected: int) -> None:
 
 
 @pytest.fixture
-def one_rank_megatron(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from dapo_megatron.distributed.layout import initialize, shutdown
-
-    # initialize() exports the rendezvous address; monkeypatch restores the environment afterwards.
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    layout = initialize(ParallelConfig(), seed=0)
-    yield layout
-    shutdown()
+def one_rank_megatron(tmp_path: Path) -> Iterator[object]:
+    with one_gloo_rank(tmp_path / "store") as layout:
+        yield layout
 
 
 def test_fp8_micro_batches_are_padded_and_cut_back(one_rank_megatron: object) -> None:
