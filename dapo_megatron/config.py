@@ -185,7 +185,12 @@ def _validate_low_precision(job: JobConfig) -> None:
 
 
 def _validate_old_log_prob_source(job: JobConfig) -> None:
-    """π_old taken from the engine is only as good as the engine's agreement with the trainer."""
+    """π_old taken from the engine is only as good as the engine's agreement with the trainer; batches generated
+    ahead (trainer.overlap_rollout) need it."""
+    if job.trainer.overlap_rollout and job.algo.old_log_prob_source != "rollout":
+        raise ConfigError("trainer.overlap_rollout=true trains each batch one step after the weights that sampled "
+                          "it, so pi_old must be the sampling policy's log-probs, not a recomputation with the "
+                          "current weights; set algo.old_log_prob_source=rollout or trainer.overlap_rollout=false")
     if job.algo.old_log_prob_source != "rollout":
         return
     refused = "algo.old_log_prob_source=rollout takes pi_old from the engine, but"

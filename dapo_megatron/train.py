@@ -3,7 +3,8 @@
 One step: the driving rank generates with SGLang and keeps only informative prompt groups (dynamic
 sampling) -> shaped rewards and GRPO advantages -> every rank trains on its share, one optimizer step
 per mini-batch, with the token-level DAPO loss -> the new weights go into the engine -> metrics,
-evaluation and checkpoints.
+evaluation and checkpoints. With `trainer.overlap_rollout` the engine generates the next batch while the
+policy trains on this one (one step off-policy), and takes the new weights once that batch is complete.
 """
 
 from __future__ import annotations
@@ -74,15 +75,22 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
             metrics.log(before, step)
             if layout.is_logging_rank:
                 metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
+        ahead = job.trainer.overlap_rollout
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
             groups, rollout_metrics = session.collect_rollouts()          # driving rank only
-            rows, batch_metrics = session.training_batch(groups)                # rewards, advantages
+            rows, batch_metrics = session.training_batch(groups, step)          # rewards, advantages
+            if ahead and step < job.trainer.total_steps:
+                session.generate_ahead()                   # the next batch, sampled by the weights before this update
             session.release_rollout_memory()                                     # GPU: engine steps aside
-            train_metrics = update_policy(session.actor, split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer))
+            share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer)
+            train_metrics = update_policy(session.actor, share, off_policy=ahead)
+            wait_seconds = session.wait_for_ahead()                 # the engine takes no weights mid-generation
             sync_seconds = session.sync_weights(step)
             step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
+            if ahead:
+                step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:
                 step_metrics.update(session.evaluate())
             step_metrics["timing_s/step"] = time.perf_counter() - started
@@ -100,14 +108,15 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
 
 
-def update_policy(actor: Actor, share: RankShare) -> dict[str, float]:
+def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False) -> dict[str, float]:
     """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
     the later steps are off-policy, so they need the old log-probs: computed once before the first update,
     or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
-    no old log-probs are needed."""
+    no old log-probs are needed, unless the batch was sampled by older weights (`off_policy`: generated
+    ahead), whose log-probs the engine gave."""
     started = time.perf_counter()
     steps = len(share.micro_batch_sizes)
-    if steps > 1 and actor.algo.old_log_prob_source == "rollout":
+    if (steps > 1 or off_policy) and actor.algo.old_log_prob_source == "rollout":
         # The engine's log-probs become π_old; kept as rollout log-probs too they would report a
         # trainer-engine mismatch of exactly zero, so they are not.
         share.rows.old_log_prob, share.rows.rollout_log_prob = share.rows.rollout_log_prob, None
@@ -132,7 +141,9 @@ def console_line(step: int, total: int, m: dict[str, float]) -> str:
     }
     if "eval/accuracy" in m:
         fields["eval_acc"] = m["eval/accuracy"]
-    fields["t"] = f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} train {m['timing_s/train']:.1f} " \
+    # Generated ahead, `gen` overlapped the previous step's update; `wait` is what the loop still waited for it.
+    wait = f" wait {m['timing_s/gen_wait']:.1f}" if "timing_s/gen_wait" in m else ""
+    fields["t"] = f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} " \
                   f"sync {m['timing_s/sync']:.1f})"
     return format_line(f"step {step}/{total}", fields)
 

@@ -31,6 +31,8 @@ class ScoredSample:
     score: float
     """The reward function's score (DAPO: +1 / -1)."""
     acc: bool
+    weight_version: str = ""
+    """The engine's weights when it sampled this: `step-N` after the push that followed rollout step N."""
 
 
 @dataclass
@@ -42,6 +44,18 @@ class ScoredGroup:
     @property
     def accuracies(self) -> list[bool]:
         return [s.acc for s in self.samples]
+
+
+def policy_lag(groups: Sequence[ScoredGroup], trained_step: int) -> dict[str, float]:
+    """How many updates older than the weights about to train (those of rollout step `trained_step`) the
+    weights that sampled each sample were: 0 on policy; 1 for a batch generated ahead
+    (trainer.overlap_rollout); more for groups carried over. Empty when a version is not `step-N`."""
+    versions = [s.weight_version.removeprefix("step-") for g in groups for s in g.samples]
+    if not versions or not all(v.isdigit() for v in versions):
+        return {}
+    lags = [trained_step - int(v) for v in versions]
+    return {"rollout/policy_lag_mean": sum(lags) / len(lags), "rollout/policy_lag_min": float(min(lags)),
+            "rollout/policy_lag_max": float(max(lags))}
 
 
 def shaped_rewards(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int) -> torch.Tensor:

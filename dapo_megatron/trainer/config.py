@@ -127,6 +127,14 @@ class TrainerConfig:
     """Streaming: at most this many prompts drawn past a full batch carry over (in draw order, finished or
     aborted); the rest are skipped. Bounds how stale a carried group can be."""
 
+    overlap_rollout: bool = False
+    """Generate the next batch while the policy trains on this one: the engine samples batch k+1 with the
+    weights before update k, so every batch after the first is one step off-policy (verl's one-step
+    off-policy mode). π_old must then be the policy that sampled it (needs algo.old_log_prob_source=rollout),
+    and the engine needs devices of its own: on CPU it runs on other cores; colocated GPU engines hand
+    their memory to the trainer during the update, so it is refused there. A checkpoint keeps the batch
+    generated ahead, so a resumed run trains on it next."""
+
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""
     hf_export_every: int = 0

@@ -13,6 +13,7 @@ wait for all of them, filter, truncate to the batch size, repeat.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,6 +63,10 @@ class UnfilledBatchError(RuntimeError):
     """Dynamic sampling ran out of generation rounds before the batch was full."""
 
 
+class CollectCancelled(RuntimeError):
+    """`RolloutManager.cancel` stopped a collection (from another thread) before its batch was complete."""
+
+
 @dataclass
 class _Stats:
     prompts: int = 0
@@ -82,6 +87,13 @@ class RolloutManager:
         """Prompts drawn past the previous batch (streaming mode), in draw order: the next batch resolves
         them before any fresh prompt. With a group: finished and informative (carried over); without:
         aborted, generated again."""
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop a `collect` running in another thread: no new requests, those in flight aborted; it then raises
+        CollectCancelled. For shutting down while a batch is generated ahead."""
+        self._cancelled.set()
+        self.client.abort_all()
 
     def collect(self) -> tuple[list[ScoredGroup], dict[str, float]]:
         """The groups of the next training batch, and the rollout metrics."""
@@ -96,6 +108,8 @@ class RolloutManager:
         else:
             self._fill_batch_sync(collector, stats)
         rounds = -(-stats.prompts // trainer.gen_batch_size)
+        if self._cancelled.is_set():
+            raise CollectCancelled(f"collection cancelled after {stats.prompts} prompts")
         if not collector.full:
             message = (f"dynamic sampling collected {len(collector.kept)} of {size} informative groups from "
                        f"{stats.prompts} prompts in {rounds} generation rounds (kept "
@@ -170,6 +184,8 @@ class RolloutManager:
         def submit() -> Iterator[tuple[int, list[int]]]:
             # Keyed by draw number: a small dataset can put one prompt in flight twice.
             for index, prompt in prompts:
+                if self._cancelled.is_set():
+                    return
                 pending[index] = prompt
                 stats.prompts += 1
                 yield index, prompt.ids
@@ -196,5 +212,5 @@ class RolloutManager:
         stats.reward_status.update(r.status for r in results)
         scored = [ScoredSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
                                rollout_log_probs=list(s.logprobs), finish_reason=s.finish_reason,
-                               score=r.score, acc=r.acc) for s, r in zip(samples, results, strict=True)]
+                               score=r.score, acc=r.acc, weight_version=s.weight_version) for s, r in zip(samples, results, strict=True)]
         return ScoredGroup(key=prompt.uid, samples=scored)

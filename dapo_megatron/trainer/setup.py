@@ -8,7 +8,9 @@ operations it needs and hides which rank does what.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +26,7 @@ from dapo_megatron.rollout.engine import raise_if_any_died
 from dapo_megatron.rollout.placement import engine_placement, launch_engine, rollout_config
 from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, WeightSyncError, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
-from dapo_megatron.trainer.batch import ScoredGroup, build_rows
+from dapo_megatron.trainer.batch import ScoredGroup, build_rows, policy_lag
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import Prompt, RolloutManager
@@ -57,6 +59,13 @@ class Session:
         self.client = self.rewards = self.rollouts = None
         self.engine = engine
         self.engines = engine_placement(layout.world_size, job.rollout, layout.device.type)
+        if job.trainer.overlap_rollout and self._offloads:
+            raise ValueError("trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU "
+                             "engine hands its memory to the trainer during the update; set "
+                             "trainer.overlap_rollout=false")
+        self._ahead: Future[tuple[Any, dict[str, float]]] | None = None
+        """The next batch, generated during the current update (trainer.overlap_rollout; driving rank)."""
+        self._ahead_worker: ThreadPoolExecutor | None = None
         self.timings: dict[str, float] = {}
         """Start-up phases in seconds, for the console and TensorBoard."""
         started = time.perf_counter()
@@ -109,6 +118,12 @@ class Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ahead is not None and not self._ahead.done():  # left by an error: stop generating, then close
+            with contextlib.suppress(Exception):  # best effort: the error that got us here is the one to report
+                self.rollouts.cancel()
+            self._ahead.exception()
+        if self._ahead_worker is not None:
+            self._ahead_worker.shutdown()
         # The sync first: a distributed sync's group is torn down on the engine's side too, while it still runs.
         for resource in (self.sync, self.client, self.rewards, self.engine):
             if resource is not None:
@@ -158,6 +173,9 @@ class Session:
             self.actor.load_state_dict(rank_state)
             # Checkpoints older than the backlog carried finished groups without their prompts: start afresh.
             self._prompt_state, self._backlog = shared["prompts"], shared.get("backlog", [])
+            if shared.get("ahead") is not None:  # generated ahead before the checkpoint: trained on next
+                self._ahead = Future()
+                self._ahead.set_result(shared["ahead"])
             return shared["step"]
         if self.job.trainer.load:
             checkpoint.load_model(self.model, self.job.trainer.load)
@@ -176,19 +194,41 @@ class Session:
 
     # ------------------------------------------------------------------ what the loop calls
 
-    def training_batch(self, groups: list[ScoredGroup] | None) -> tuple[PolicyRows, dict[str, float]]:
-        """Rewards, advantages and token tensors built on the driving rank, handed to every rank."""
+    def training_batch(self, groups: list[ScoredGroup] | None, step: int) -> tuple[PolicyRows, dict[str, float]]:
+        """Rewards, advantages and token tensors built on the driving rank, handed to every rank, for rollout
+        step `step` (which trains the weights pushed after step - 1)."""
         objects: list[Any] = [None]
         if self.layout.is_logging_rank:
-            objects = [build_rows(groups, self.job.algo, max_response_length=self.job.rollout.max_response_length,
-                                  pad_token_id=self.pad_token_id)]
+            rows, metrics = build_rows(groups, self.job.algo, max_response_length=self.job.rollout.max_response_length,
+                                       pad_token_id=self.pad_token_id)
+            objects = [(rows, {**metrics, **policy_lag(groups, step - 1)})]
         torch.distributed.broadcast_object_list(objects, src=0)
         return objects[0]
 
     def collect_rollouts(self) -> tuple[Any, dict[str, float]]:
+        """The next batch's groups and rollout metrics (driving rank; None elsewhere): the batch generated ahead
+        during the last update if there is one, else generated now."""
         if not self.layout.is_logging_rank:
             return None, {}
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            return ahead.result()
         return self.rollouts.collect()
+
+    def generate_ahead(self) -> None:
+        """Start collecting the next batch in the background, with the weights the engine holds now."""
+        if self.layout.is_logging_rank:
+            if self._ahead_worker is None:
+                self._ahead_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
+            self._ahead = self._ahead_worker.submit(self.rollouts.collect)
+
+    def wait_for_ahead(self) -> float:
+        """Block until the batch generated ahead is complete (the engine takes no weights while it generates);
+        raises what its generation raised. Returns the seconds waited."""
+        started = time.perf_counter()
+        if self._ahead is not None:
+            self._ahead.result()
+        return time.perf_counter() - started
 
     @property
     def _offloads(self) -> bool:
@@ -253,7 +293,8 @@ class Session:
         rank_state = self.actor.state_dict()
         shared = None
         if self.layout.is_logging_rank:
-            shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "backlog": self.rollouts.backlog}
+            shared = {"step": step, "prompts": self.rollouts.prompts.state_dict(), "backlog": self.rollouts.backlog,
+                      "ahead": self._ahead.result() if self._ahead is not None else None}
         return checkpoint.save_model(self.model, self.out / "checkpoints", step, self.job.model, self.layout,
                                      rank_state=rank_state, shared_state=shared)
 

@@ -74,15 +74,48 @@ def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tm
                                                                                  "sglang_engine_1.log"]
 
 
+def step_records(run_dir: Path) -> dict[int, dict[str, float]]:
+    lines = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
+    return {int(m["step"]): m for m in map(json.loads, lines) if "rollout/score" in m}
+
+
+def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_ahead(demo_base: Path,
+                                                                                     tmp_path: Path) -> None:
+    """trainer.overlap_rollout: every batch after the first was sampled by weights one update older than those
+    it trains (the engine reports the version it sampled with), and the console shows the wait. A checkpoint
+    keeps the batch generated ahead: resumed from step 2, the job trains on exactly the batch the uninterrupted
+    job trained on at step 3, to the same loss."""
+    common = [sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
+              "trainer.overlap_rollout=true", "trainer.total_steps=3", "eval.every=0", "trainer.on_unfilled_batch=train"]
+    out = tmp_path / "run"
+    proc = run([*common, f"output_dir={out}", "trainer.save_every=1"], timeout=900)
+    records = step_records(out)
+    assert sorted(records) == [1, 2, 3] and " wait " in proc.stdout
+    assert records[1]["rollout/policy_lag_max"] == 0  # the first batch is generated before any update
+    # Step 2's batch: generated during update 1 with the first weights, like the groups it carried over.
+    assert records[2]["rollout/policy_lag_min"] == records[2]["rollout/policy_lag_max"] == 1
+    assert records[3]["rollout/policy_lag_min"] == 1
+    resumed = tmp_path / "resumed"
+    run([*common, f"output_dir={resumed}", f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"], timeout=900)
+    again = step_records(resumed)
+    assert sorted(again) == [3]
+    for key in ("rollout/score", "rollout/accuracy", "rollout/response_length", "rollout/policy_lag_mean",
+                "dynamic_sampling/kept_groups", "actor/pg_loss", "actor/pg_clipfrac"):
+        assert again[3][key] == records[3][key], key
+
+
 DEMO_FOREVER = ["experiment=demo", "trainer.total_steps=1000", "eval.every=0", "trainer.save_every=0"]
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["one-engine", "two-ranks-two-engines"])
-def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "overrides"), [(1, []), (2, []), (1, ["trainer.overlap_rollout=true"])],
+                         ids=["one-engine", "two-ranks-two-engines", "generating-ahead"])
+def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path, ranks: int,
+                                                         overrides: list[str]) -> None:
     """The scheduler (the process an OOM killer would pick) dies while the driver generates, trains or pushes
     weights (the kill lands wherever the job is right after a step line): the job must stop with an error naming
     the engine and its log, and leave no process behind. With two ranks and an engine each, the dead engine is
-    rank 1's, which the driving rank 0 only knows by its record."""
+    rank 1's, which the driving rank 0 only knows by its record. Generating ahead, the kill lands while a
+    background thread generates the next batch: its error must reach the driver loop."""
     out = tmp_path / "run"
     console = tmp_path / "console.txt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -90,7 +123,8 @@ def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_pa
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "dapo_megatron.train", "parallel=pp2", "rollout.num_engines=2"]
     with open(console, "w") as sink:
-        trainer = subprocess.Popen([*launch, *DEMO_FOREVER, f"model.hf_dir={demo_base}", f"output_dir={out}"],
+        trainer = subprocess.Popen([*launch, *DEMO_FOREVER, *overrides, f"model.hf_dir={demo_base}",
+                                    f"output_dir={out}"],
                                    cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 600

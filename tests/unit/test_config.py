@@ -79,6 +79,8 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
     (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
     (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
     (["model.num_attention_heads=6", "model.num_query_groups=4"], 1, "model.num_attention_heads \\(6\\) must be divisible"),
+    (["trainer.overlap_rollout=true"], 1,
+     "trainer.overlap_rollout=true trains each batch one step after .*; set algo.old_log_prob_source=rollout or "),
     (["algo.old_log_prob_source=rollout", "rollout.sync_check=off"], 1,
      "old_log_prob_source=rollout takes pi_old from the engine, but rollout.sync_check=off leaves"),
     (["algo.old_log_prob_source=rollout", "rollout.quantization=fp8"], 1,

@@ -11,7 +11,7 @@ import torch
 from dapo_megatron import config as C
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.trainer.actor import PolicyRows, dapo_loss_fn, micro_batch_sizes
-from dapo_megatron.trainer.batch import split_rows
+from dapo_megatron.trainer.batch import ScoredGroup, ScoredSample, policy_lag, split_rows
 from dapo_megatron.trainer.config import TrainerConfig
 
 
@@ -103,3 +103,16 @@ def test_budget_below_the_longest_row_is_a_config_error() -> None:
     assert C.load([f"trainer.max_tokens_per_micro_batch={longest}"]).trainer.max_tokens_per_micro_batch == longest
     with pytest.raises(C.ConfigError, match="max_tokens_per_micro_batch must be >= 0"):
         C.load(["trainer.max_tokens_per_micro_batch=-1"])
+
+
+def lagged_group(key: str, versions: list[str]) -> ScoredGroup:
+    return ScoredGroup(key, [ScoredSample([1], [2], [-0.1], "stop", 1.0, True, weight_version=v) for v in versions])
+
+
+def test_policy_lag_counts_updates_since_the_sampling_weights() -> None:
+    """Trained at step 5's weights: a fresh group (step-5) lags 0, one generated ahead (step-4) 1, one carried
+    over from before (step-3) 2."""
+    lag = policy_lag([lagged_group("a", ["step-5", "step-4"]), lagged_group("b", ["step-3", "step-4"])], 5)
+    assert lag == {"rollout/policy_lag_mean": 1.0, "rollout/policy_lag_min": 0.0, "rollout/policy_lag_max": 2.0}
+    # Versions not set by this trainer's pushes (an engine that reports none) give no metric, not a wrong one.
+    assert policy_lag([lagged_group("a", ["step-5", "None"])], 5) == {}

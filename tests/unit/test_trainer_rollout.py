@@ -19,7 +19,7 @@ from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import Sample
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.trainer.config import TrainerConfig
-from dapo_megatron.trainer.rollout import Prompt, RolloutManager
+from dapo_megatron.trainer.rollout import CollectCancelled, Prompt, RolloutManager
 
 N = 4  # samples per prompt
 
@@ -139,3 +139,21 @@ def test_backlog_metrics_and_cost(pool: RewardPool) -> None:
     _, second = rollouts.collect()
     assert second["dynamic_sampling/carried_over"] == carried
     assert second["dynamic_sampling/samples_per_kept"] < first["dynamic_sampling/samples_per_kept"] + 1
+
+
+def test_cancel_from_another_thread_stops_drawing_and_raises(pool: RewardPool) -> None:
+    """What shutting down does to a batch generated ahead: the cancel (here issued while prompt 2 is being
+    generated, as another thread would) aborts what is in flight, no further prompt is drawn, and collect
+    raises instead of returning a short batch."""
+    rollouts: RolloutManager
+
+    def cancel_at_two(number: int) -> tuple[float, list[bool]]:
+        if number == 2 and not rollouts._cancelled.is_set():
+            rollouts.cancel()
+        return slow_and_mixed(number)
+
+    engine = ScriptedEngine(slots=2, outcome=cancel_at_two)
+    rollouts = manager(engine, pool)
+    with pytest.raises(CollectCancelled, match="cancelled"):
+        rollouts.collect()
+    assert engine.aborting and max(engine.generated) == 2
