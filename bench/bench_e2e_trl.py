@@ -118,9 +118,11 @@ def quick(size: Size) -> Size:
                    max_new_tokens=min(size.max_new_tokens, 32), same_work_steps=2)
 
 
-def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_sampling: bool = True) -> dict[str, Any]:
+def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_sampling: bool = True,
+         overlap: bool = False) -> dict[str, Any]:
     """This project's run; without `dynamic_sampling` it trains every group, as TRL does (the same work per
-    step: the throughput comparison), for `size.same_work_steps` steps without evaluation."""
+    step: the throughput comparison), for `size.same_work_steps` steps without evaluation. `overlap`: the
+    next batch is generated while the policy trains (trainer.overlap_rollout)."""
     steps = size.steps if dynamic_sampling else size.same_work_steps
     overrides = [f"model.hf_dir={size.base}", *size.model, f"data.task={size.task}",
                  f"data.task_seed={task_seed(size.base)}", f"seed={args.seed}",
@@ -130,13 +132,13 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_samplin
                  f"rollout.max_response_length={size.max_new_tokens}",
                  f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
                  f"eval.every={size.eval_every if dynamic_sampling else 0}", f"eval.num_problems={size.eval_problems}",
-                 "trainer.save_every=0"]
+                 "trainer.save_every=0", f"trainer.overlap_rollout={str(overlap).lower()}"]
     # Without dynamic sampling; and in --quick, where an untrained base rarely yields informative groups and a
     # smoke test must not stall on it.
     if args.quick or not dynamic_sampling:
         overrides += ["trainer.dynamic_sampling=false"]
-    records = train_run(overrides, scratch / f"ours_{size.name}{'' if dynamic_sampling else '_same_work'}",
-                        timeout=args.timeout)
+    name = f"ours_{size.name}{'' if dynamic_sampling else '_same_work'}{'_overlap' if overlap else ''}"
+    records = train_run(overrides, scratch / name, timeout=args.timeout)
     trained = size.prompts * size.group
     steps, evals, eval_s = [], [], 0.0
     for record in records:
@@ -165,7 +167,7 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     log = scratch / f"trl_{size.name}.log"
     launched = time.time()
     with log.open("w") as f:
-        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(),
+        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(args.trl_threads),
                               timeout=args.timeout).returncode
     if code != 0:
         raise RuntimeError(f"TRL run exited with {code}; end of its log:\n{tail(log)}")
@@ -215,6 +217,7 @@ def main() -> None:
     parser.add_argument("--large-base", type=Path, default=SIZES["large"].base)
     parser.add_argument("--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl-threads", type=int, default=1, help="TRL's OMP_NUM_THREADS")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.rollout.placement import engine_placement
+from dapo_megatron.rollout.placement import check_overlap, engine_placement
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig
@@ -504,6 +504,7 @@ def validate_for_cluster(job: JobConfig) -> None:
                           f"GPUs must be on one node; choose a divisor of {gpus}.")
     try:
         engine_placement(job.cluster.world_size, job.rollout, device="cuda")
+        check_overlap(job, device="cuda")
     except ValueError as error:
         raise ConfigError(str(error)) from None
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups

@@ -55,6 +55,14 @@ def engine_placement(world_size: int, rollout: RolloutConfig, device: str) -> En
     return EnginePlacement(num_engines=count, ranks_per_engine=per_engine)
 
 
+def check_overlap(job: JobConfig, device: str) -> None:
+    """trainer.overlap_rollout generates while the policy trains: the engine needs cores or devices the trainer
+    is not using. Raises ValueError naming the field on GPUs, where engines are colocated."""
+    if job.trainer.overlap_rollout and device == "cuda":
+        raise ValueError("trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU "
+                         "engine hands its memory to the trainer during the update; set trainer.overlap_rollout=false")
+
+
 def rollout_config(job: JobConfig) -> RolloutConfig:
     """The rollout settings with the engine dtype resolved (`auto` = the policy's)."""
     rollout = job.rollout

@@ -23,7 +23,7 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
 from dapo_megatron.rollout.engine import raise_if_any_died
-from dapo_megatron.rollout.placement import engine_placement, launch_engine, rollout_config
+from dapo_megatron.rollout.placement import check_overlap, engine_placement, launch_engine, rollout_config
 from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, WeightSyncError, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows, policy_lag
@@ -59,10 +59,7 @@ class Session:
         self.client = self.rewards = self.rollouts = None
         self.engine = engine
         self.engines = engine_placement(layout.world_size, job.rollout, layout.device.type)
-        if job.trainer.overlap_rollout and self._offloads:
-            raise ValueError("trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU "
-                             "engine hands its memory to the trainer during the update; set "
-                             "trainer.overlap_rollout=false")
+        check_overlap(job, layout.device.type)
         self._ahead: Future[tuple[Any, dict[str, float]]] | None = None
         """The next batch, generated during the current update (trainer.overlap_rollout; driving rank)."""
         self._ahead_worker: ThreadPoolExecutor | None = None

@@ -66,3 +66,10 @@ def test_layout_that_does_not_fit_names_one_that_does(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert re.search(r"^does not fit: \w[\w ]* needs [\d.]+ GiB of 80 GiB", out, flags=re.MULTILINE)
     assert re.search(r"^nearest layout that fits .*: \S+=\S+", out, flags=re.MULTILINE)
+
+
+def test_overlapped_rollouts_are_refused_for_colocated_gpu_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert train_main(["experiment=dapo_qwen2.5_32b", "trainer.overlap_rollout=true",
+                       "algo.old_log_prob_source=rollout", "dry_run=true"]) == 2
+    assert "trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU engine" in \
+        capsys.readouterr().err
