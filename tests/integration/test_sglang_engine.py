@@ -63,6 +63,20 @@ def test_started_engine_is_healthy_and_generates_hf_greedy(engine: SGLangEngine,
     assert greedy(engine, PROMPT, 24) == hf_greedy(hf_model, PROMPT, 24)
 
 
+def test_idle_engine_leaves_the_cores_to_the_trainer(engine: SGLangEngine) -> None:
+    """Between rollouts the trainer computes on the same cores: an idle engine must not spin (SGLang's
+    scheduler busy-polls without --sleep-on-idle, ~100% of a core), yet must answer the next request."""
+    greedy(engine, PROMPT, 4)  # served a request, now idle
+    tree = process_tree(engine.pid)
+    before, started = sum(p.cpu_times().user + p.cpu_times().system for p in tree), time.monotonic()
+    time.sleep(3.0)
+    used = sum(p.cpu_times().user + p.cpu_times().system for p in tree) - before
+    assert used / (time.monotonic() - started) < 0.25, f"idle engine used {used:.2f} CPU seconds in 3 s"
+    started = time.monotonic()
+    assert len(greedy(engine, PROMPT, 4)) == 4
+    assert time.monotonic() - started < 2.0  # woken by the request, not by the end of a poll interval
+
+
 def test_release_and_staged_resume_keep_generation_correct(engine: SGLangEngine,
                                                            hf_model: torch.nn.Module) -> None:
     engine.release_memory()
