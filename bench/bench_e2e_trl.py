@@ -21,13 +21,17 @@ Sizes:
     once, kept in outputs/), and a rollout step ~40 s (TRL) to ~75 s (this project, generating until the
     batch is full): not part of bench/run.py's default run (`bench/run.py --large`).
 Both sides: fp32, loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty
-over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1. Differences that stay: TRL
+over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1, the whole machine: TRL with
+torch's default intra-op threads (every core; measured faster than one thread at both sizes, --trl-threads),
+this project with one thread per process and the next batch generated while the policy trains
+(`trainer.overlap_rollout`: the engine on one core, the trainer on the other). Differences that stay: TRL
 generates with `model.generate` in-process, this project with SGLang; this project takes π_old from the
 engine's log-probs (`algo.old_log_prob_source=rollout`, as in the demo: same fp32 numerics on both sides),
 TRL recomputes it; this project runs dynamic sampling (DAPO's, streaming), TRL trains on every group,
-including those whose advantages are all zero. So this project runs twice: with dynamic sampling for
+including those whose advantages are all zero. So this project runs three times: with dynamic sampling for
 accuracy and time-to-accuracy, and for `same_work_steps` steps without it, training every group as TRL
-does, for the throughput comparison.
+does, for the throughput comparison, once generating ahead and once synchronously (generation only between
+updates, as TRL does).
 
 Reported per side (medians over steps, with p10/p90): wall seconds per rollout step (evaluation excluded),
 trained samples/s, generated samples/s, generated response tokens/s (this project: estimated from the kept
@@ -36,6 +40,7 @@ their advantages are not all zero: all this project trains, a share of what TRL 
 accuracy after the same steps, and the wall time, from launch with start-up included and evaluation
 excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e_throughput_vs_trl[_demo]`
 (trained samples/s, this project without dynamic sampling / TRL: the same work per step),
+`e2e_throughput_synchronous_vs_trl[_demo]` (the same without generating ahead),
 `e2e_throughput_dynamic_sampling_vs_trl[_demo]` (the same with dynamic sampling), generated tokens/s and
 informative samples/s (with dynamic sampling), and `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
 None when either side did not reach the target).
@@ -217,7 +222,8 @@ def main() -> None:
     parser.add_argument("--large-base", type=Path, default=SIZES["large"].base)
     parser.add_argument("--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trl-threads", type=int, default=1, help="TRL's OMP_NUM_THREADS")
+    parser.add_argument("--trl-threads", type=int, default=os.cpu_count(),
+                        help="TRL's OMP_NUM_THREADS (default: every core, torch's own default, TRL's fastest here)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")
@@ -243,12 +249,16 @@ def main() -> None:
                     warmup += ("warmup.max_steps=2", "warmup.eval_size=8")
             size = replace(size, steps=args.steps or size.steps, target_acc=args.target_acc or size.target_acc)
             ensure_base(size.base, warmup, task=size.task)
-            # TRL first, then ours; never both at once (two cores).
+            # TRL first, then ours; never both at once (two cores). Ours generates ahead (trainer.overlap_rollout:
+            # the engine on one core, the trainer on the other), and once without, for comparison.
             results[name] = {"config": {k: str(v) for k, v in vars(size).items()},
-                             "trl": trl(size, scratch, args), "ours": ours(size, scratch, args),
-                             "ours_same_work": ours(size, scratch, args, dynamic_sampling=False)}
+                             "trl": trl(size, scratch, args), "ours": ours(size, scratch, args, overlap=True),
+                             "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
+                             "ours_same_work_synchronous": ours(size, scratch, args, dynamic_sampling=False)}
             theirs, mine, same = results[name]["trl"], results[name]["ours"], results[name]["ours_same_work"]
-            for side, r in (("trl", theirs), ("ours", mine), ("ours without dynamic sampling", same)):
+            synchronous = results[name]["ours_same_work_synchronous"]
+            for side, r in (("trl", theirs), ("ours", mine), ("ours without dynamic sampling", same),
+                            ("ours without dynamic sampling, synchronous", synchronous)):
                 print(f"{name} {side} {describe('s/step', r['step_seconds'])}; "
                       f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
                       f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; start-up "
@@ -257,6 +267,9 @@ def main() -> None:
             # The same work per step as TRL (every group trained): what the trainer itself turns out.
             summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(same["trained_samples_per_s"]["median"],
                                                                    theirs["trained_samples_per_s"]["median"])
+            # The same work, generating only between updates.
+            summary[f"e2e_throughput_synchronous_vs_trl{size.suffix}"] = ratio(
+                synchronous["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
             # DAPO as run (dynamic sampling generates until the batch holds only informative groups).
             summary[f"e2e_throughput_dynamic_sampling_vs_trl{size.suffix}"] = ratio(
                 mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
