@@ -74,7 +74,7 @@ def test_idle_engine_leaves_the_cores_to_the_trainer(engine: SGLangEngine) -> No
     assert used / (time.monotonic() - started) < 0.25, f"idle engine used {used:.2f} CPU seconds in 3 s"
     started = time.monotonic()
     assert len(greedy(engine, PROMPT, 4)) == 4
-    assert time.monotonic() - started < 2.0  # woken by the request, not by the end of a poll interval
+    assert time.monotonic() - started < 2.0  # a sleeping scheduler still answers promptly
 
 
 def test_release_and_staged_resume_keep_generation_correct(engine: SGLangEngine,
