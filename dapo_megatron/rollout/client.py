@@ -358,14 +358,12 @@ class RolloutClient:
             except requests.Timeout as err:
                 self._abort_rids(url, rids)
                 raise RolloutError(f"{what} to {url} timed out after {timeout:g} s") from err
-            except requests.ConnectionError as err:
+            except requests.RequestException as err:
                 # The server (uvicorn) closes keep-alive connections idle for 5 s; a request sent on one just
                 # as it closes is reset before the server read it. Once more, on a new connection; a dead
                 # engine refuses that one too.
-                if attempt:
+                if attempt or not isinstance(err, requests.ConnectionError):
                     raise RolloutError(f"{what} to {url} failed: {err}") from err
-            except requests.RequestException as err:
-                raise RolloutError(f"{what} to {url} failed: {err}") from err
         if response.status_code != 200:
             raise RolloutError(f"{what} to {url} failed with HTTP {response.status_code}: {response.text[:2000]}")
         return response.json() if response.content else None
