@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,8 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
                 session.generate_ahead()                   # the next batch, sampled by the weights before this update
             session.release_rollout_memory()                                     # GPU: engine steps aside
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer)
-            train_metrics = update_policy(session.actor, share, off_policy=ahead)
+            train_metrics = update_policy(session.actor, share, off_policy=ahead,  # CPU: + the cores the engine frees
+                                          before_each_step=session.threads.take_idle_cores)
             wait_seconds = session.wait_for_ahead()                 # the engine takes no weights mid-generation
             sync_seconds = session.sync_weights(step)
             step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
@@ -108,7 +110,8 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
 
 
-def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False) -> dict[str, float]:
+def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False,
+                  before_each_step: Callable[[], None] = lambda: None) -> dict[str, float]:
     """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
     the later steps are off-policy, so they need the old log-probs: computed once before the first update,
     or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
@@ -124,6 +127,7 @@ def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False) -
         share.rows.old_log_prob = actor.compute_log_probs(share.rows, share.all_micro_batch_sizes)
     totals: dict[str, float] = {}
     for mini, micro in share.mini_batches():
+        before_each_step()
         for name, value in actor.train_step(mini, micro).items():
             totals[name] = totals.get(name, 0.0) + value / steps
     metrics = {f"actor/{name}": value for name, value in totals.items()}

@@ -134,6 +134,12 @@ class TrainerConfig:
     and the engine needs devices of its own: on CPU it runs on other cores; colocated GPU engines hand
     their memory to the trainer during the update, so it is refused there. A checkpoint keeps the batch
     generated ahead, so a resumed run trains on it next."""
+    cpu_idle_cores: bool = True
+    """CPU jobs: the trainer computes on this rank's whole share of the cores (its CPU affinity over the ranks
+    of the node) whenever the engine is not generating, and on the threads it was started with
+    (OMP_NUM_THREADS; tools/demo.sh sets 1) while the engine generates a batch ahead beside the update; the
+    batch ahead being complete frees the engine's cores for the update's remaining optimizer steps. False:
+    always the threads it was started with. Ignored on GPUs."""
 
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""

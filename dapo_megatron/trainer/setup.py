@@ -27,6 +27,7 @@ from dapo_megatron.rollout.placement import check_overlap, engine_placement, lau
 from dapo_megatron.rollout.weight_sync import SYNC_METHODS, WeightSync, WeightSyncError, check_sync
 from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.trainer.batch import ScoredGroup, build_rows, policy_lag
+from dapo_megatron.trainer.cpu_threads import TrainerThreads
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import Prompt, RolloutManager
@@ -112,6 +113,11 @@ class Session:
             timeout_s=self.job.rollout.request_timeout_s,
             engine_owners=[self.engines.owner(e) for e in range(self.engines.num_engines)])
         self.probe = self._probe_rows()
+        nodes: list[int | None] = [None] * self.layout.world_size
+        torch.distributed.all_gather_object(nodes, self.layout.node)
+        self.threads = TrainerThreads.for_job(self.layout.device.type, use_idle_cores=self.job.trainer.cpu_idle_cores,
+                                              ranks_on_node=nodes.count(self.layout.node))
+        self.threads.engine_idle()  # until a batch is generated ahead
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -213,11 +219,13 @@ class Session:
         return self.rollouts.collect()
 
     def generate_ahead(self) -> None:
-        """Start collecting the next batch in the background, with the weights the engine holds now."""
+        """Start collecting the next batch in the background, with the weights the engine holds now. Collective
+        in effect: every rank leaves the engine its cores until `wait_for_ahead`."""
         if self.layout.is_logging_rank:
             if self._ahead_worker is None:
                 self._ahead_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
             self._ahead = self._ahead_worker.submit(self.rollouts.collect)
+        self.threads.engine_generating(self._ahead)
 
     def wait_for_ahead(self) -> float:
         """Block until the batch generated ahead is complete (the engine takes no weights while it generates);
@@ -225,6 +233,7 @@ class Session:
         started = time.perf_counter()
         if self._ahead is not None:
             self._ahead.result()
+        self.threads.engine_idle()
         return time.perf_counter() - started
 
     @property

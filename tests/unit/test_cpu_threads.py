@@ -1,0 +1,65 @@
+"""The CPU trainer's intra-op threads follow the engine: its own threads while the engine generates beside the
+update, the rank's share of the cores once the engine is idle."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from dapo_megatron.trainer.cpu_threads import TrainerThreads, cores_per_rank
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch):
+    """A process started with one intra-op thread on four cores; torch's count restored afterwards."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_cores_are_shared_among_the_ranks_of_the_node(one_thread: None) -> None:
+    assert cores_per_rank(1) == 4
+    assert cores_per_rank(2) == 2
+    assert cores_per_rank(8) == 1  # never zero
+
+
+@pytest.mark.parametrize(("device", "enabled", "ranks", "alone"),
+                         [("cpu", True, 1, 4), ("cpu", True, 2, 2), ("cpu", False, 1, 1), ("cuda", True, 1, 1)])
+def test_threads_alone_are_the_rank_share_only_on_cpu_when_enabled(one_thread: None, device: str, enabled: bool,
+                                                                   ranks: int, alone: int) -> None:
+    threads = TrainerThreads.for_job(device, use_idle_cores=enabled, ranks_on_node=ranks)
+    assert (threads.beside_engine, threads.alone) == (1, alone)
+
+
+def test_the_update_takes_the_engine_cores_once_the_batch_ahead_is_complete(one_thread: None) -> None:
+    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1)
+    threads.engine_idle()
+    assert torch.get_num_threads() == 4
+
+    batch: Future[str] = Future()
+    threads.engine_generating(batch)
+    assert torch.get_num_threads() == 1
+    threads.take_idle_cores()  # still generating: the engine keeps its core
+    assert torch.get_num_threads() == 1
+    batch.set_result("groups")
+    threads.take_idle_cores()
+    assert torch.get_num_threads() == 4
+
+
+def test_ranks_that_cannot_see_the_batch_wait_for_the_engine_to_be_idle(one_thread: None) -> None:
+    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1)
+    threads.engine_generating(None)
+    threads.take_idle_cores()
+    assert torch.get_num_threads() == 1
+    threads.engine_idle()
+    assert torch.get_num_threads() == 4
+
+
+def test_impossible_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match="beside_engine <= alone"):
+        TrainerThreads(beside_engine=2, alone=1)
