@@ -40,7 +40,8 @@ def ensure_base(base: Path, overrides: Sequence[str] = (), *, task: str = "addit
             raise ValueError(f"{base} was warmed up on data.task={built}, not {task}: remove it or pass another base")
         return base
     subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(base), "--force",
-                    f"data.task={task}", *overrides], check=True, cwd=REPO, timeout=timeout, env=bench_env())
+                    f"data.task={task}", *overrides], check=True, cwd=REPO, timeout=timeout,
+                   env=bench_env(os.cpu_count() or 1))  # no engine beside the warm-up: every core
     return base
 
 
@@ -52,7 +53,8 @@ def task_seed(base: Path) -> int:
 
 
 def bench_env(threads: int = 1) -> dict[str, str]:
-    # Tiny matmuls on 2 cores: intra-op threads cost more than they save (as tools/demo.sh sets it).
+    # The trainer's threads beside a generating engine (as tools/demo.sh sets it); it takes the engine's cores
+    # whenever the engine idles (trainer.cpu_idle_cores).
     return {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
 

@@ -139,7 +139,9 @@ class TrainerConfig:
     of the node) whenever the engine is not generating, and on the threads it was started with
     (OMP_NUM_THREADS; tools/demo.sh sets 1) while the engine generates a batch ahead beside the update; the
     batch ahead being complete frees the engine's cores for the update's remaining optimizer steps. False:
-    always the threads it was started with. Ignored on GPUs."""
+    always the threads it was started with. Ignored on GPUs. Whole-tensor sums (the gradient norm) can differ
+    in the last bit between thread counts, and generating ahead the switch depends on timing: set false
+    where two runs of the trainer must agree bit for bit."""
 
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""
