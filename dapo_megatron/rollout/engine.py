@@ -41,6 +41,9 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 """What SGLang can release and resume separately (`sglang/srt/constants.py`)."""
 
 LOG_TAIL_LINES = 40
+CPU_ENGINE_THREADS = 1
+"""A CPU engine's intra-op threads unless the user set OMP_NUM_THREADS: more only slow small CPU models down
+and compete with the trainer (trainer.cpu_threads leaves the engine this many cores)."""
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
 _TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
@@ -162,9 +165,7 @@ class SGLangEngine:
         # variables and would wait forever for the trainer's world size worth of ranks.
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         if self.device == "cpu":
-            # Intra-op threads only slow small CPU models down and compete with the trainer; users who
-            # set OMP_NUM_THREADS keep their value.
-            env.setdefault("OMP_NUM_THREADS", "1")
+            env.setdefault("OMP_NUM_THREADS", str(CPU_ENGINE_THREADS))
         return env
 
     def start(self) -> SGLangEngine:

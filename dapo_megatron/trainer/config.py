@@ -137,9 +137,10 @@ class TrainerConfig:
     cpu_idle_cores: bool = True
     """CPU jobs: the trainer computes on this rank's whole share of the cores (its CPU affinity over the ranks
     of the node) whenever the engine is not generating, and on the threads it was started with
-    (OMP_NUM_THREADS; tools/demo.sh sets 1) while the engine generates a batch ahead beside the update; the
-    batch ahead being complete frees the engine's cores for the update's remaining optimizer steps. False:
-    always the threads it was started with. Ignored on GPUs. Whole-tensor sums (the gradient norm) can differ
+    (OMP_NUM_THREADS; tools/demo.sh sets 1; unset, the share less the engine's one thread) while the engine
+    generates a batch ahead beside the update; the batch ahead being complete frees the engine's cores for the
+    update's remaining optimizer steps. False: always the threads it was started with (unset, the same share
+    less one). Ignored on GPUs. Whole-tensor sums (the gradient norm) can differ
     in the last bit between thread counts, and generating ahead the switch depends on timing: set false
     where two runs of the trainer must agree bit for bit."""
 

@@ -2,7 +2,8 @@
 
 On CPU the SGLang engine and the policy compute on the same cores. While the engine generates beside an
 update (the batch ahead, `trainer.overlap_rollout`) the trainer keeps to the threads it was started with
-(OMP_NUM_THREADS; the demo sets 1, the engine takes 1): more would oversubscribe the cores and gained nothing
+(OMP_NUM_THREADS; the demo sets 1, the engine takes 1; unset: the rank's share of the cores less the
+engine's thread, not torch's default of every core): more would oversubscribe the cores and gained nothing
 when measured (~30M parameters: 27.9 s per step with two passive-waiting trainer threads beside the engine,
 against 28-30 s with one; beside an engine that spun a core, two threads trained 2.5x slower). Whenever the
 engine has nothing to generate (a synchronous update, or the batch ahead is already complete) the trainer
@@ -16,6 +17,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
+
+from dapo_megatron.rollout.engine import CPU_ENGINE_THREADS
 
 
 def cores_per_rank(ranks_on_node: int) -> int:
@@ -36,9 +39,13 @@ class TrainerThreads:
     @classmethod
     def for_job(cls, device_type: str, *, use_idle_cores: bool, ranks_on_node: int) -> TrainerThreads:
         started_with = torch.get_num_threads()
-        if device_type != "cpu" or not use_idle_cores:
+        if device_type != "cpu":
             return cls(beside_engine=started_with, alone=started_with)
-        return cls(beside_engine=started_with, alone=max(started_with, cores_per_rank(ranks_on_node)))
+        share = cores_per_rank(ranks_on_node)
+        # Without OMP_NUM_THREADS torch starts on every core, the engine's too: leave the engine the one thread
+        # it is started with (CPU_ENGINE_THREADS; a count the user set goes to both).
+        beside = started_with if os.environ.get("OMP_NUM_THREADS") else max(1, share - CPU_ENGINE_THREADS)
+        return cls(beside_engine=beside, alone=max(beside, share) if use_idle_cores else beside)
 
     def engine_generating(self, batch: Future[Any] | None) -> None:
         """The engine now generates `batch` beside the update (None on ranks that do not hold it: they keep to

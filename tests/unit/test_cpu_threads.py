@@ -17,6 +17,7 @@ def one_thread(monkeypatch: pytest.MonkeyPatch):
     """A process started with one intra-op thread on four cores; torch's count restored afterwards."""
     before = torch.get_num_threads()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
@@ -34,6 +35,17 @@ def test_threads_alone_are_the_rank_share_only_on_cpu_when_enabled(one_thread: N
                                                                    ranks: int, alone: int) -> None:
     threads = TrainerThreads.for_job(device, use_idle_cores=enabled, ranks_on_node=ranks)
     assert (threads.beside_engine, threads.alone) == (1, alone)
+
+
+@pytest.mark.parametrize(("enabled", "ranks", "beside", "alone"), [(True, 1, 3, 4), (True, 2, 1, 2), (False, 1, 3, 3),
+                                                                   (True, 4, 1, 1)])
+def test_without_omp_num_threads_the_engine_keeps_its_core(one_thread: None, monkeypatch: pytest.MonkeyPatch,
+                                                           enabled: bool, ranks: int, beside: int, alone: int) -> None:
+    """torch's default would be every core, the engine's too."""
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    threads = TrainerThreads.for_job("cpu", use_idle_cores=enabled, ranks_on_node=ranks)
+    assert (threads.beside_engine, threads.alone) == (beside, alone)
+    assert (TrainerThreads.for_job("cuda", use_idle_cores=enabled, ranks_on_node=ranks).beside_engine) == 1
 
 
 def test_the_update_takes_the_engine_cores_once_the_batch_ahead_is_complete(one_thread: None) -> None:
