@@ -8,7 +8,8 @@ supervised warm-up on the arithmetic task (real megatron-core), stopping as soon
 accuracy reaches `warmup.target_accuracy` (default 15%): the format is learned, the arithmetic mostly
 not, which leaves RL something to teach. The result is an ordinary HF directory (config.json, safetensors,
 the character tokenizer, warmup_summary.json) that the trainer loads through the same HF -> Megatron
-mapping as Qwen2.5. Same seed and overrides, same base, on the same software versions.
+mapping as Qwen2.5. Same seed and overrides, same base, on the same software versions. With
+`model.hf_dir=<an earlier base>` (and its model and task overrides) the warm-up continues that base.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from pathlib import Path
 
 from dapo_megatron.models.hf_io import prepare_output_dir
 from dapo_megatron.trainer import warmup
@@ -26,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="HF directory to create")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     args, overrides = parser.parse_known_args(argv)
+    continued = [o.split("=", 1)[1] for o in overrides if o.startswith("model.hf_dir=")]
+    if continued and Path(continued[-1]).resolve() == Path(args.output).resolve():
+        parser.error(f"--output {args.output} is the base this warm-up continues (model.hf_dir): write the "
+                     "continued base elsewhere, then replace the old one")
     out = prepare_output_dir(args.output, force=args.force)
     work = out.with_name(out.name + ".work")
     shutil.rmtree(work, ignore_errors=True)

@@ -5,6 +5,9 @@
 Trains with cross-entropy on the target tokens (working and answer) until held-out accuracy reaches
 `warmup.target_accuracy`, then writes a torch_dist checkpoint and a Hugging Face directory (the
 starting policy for RL and the rollout engine). Real megatron-core under any TP x PP x DP layout.
+With `model.hf_dir` it continues an earlier warm-up from its Hugging Face export (same task and split;
+the optimizer starts afresh) instead of from random weights: a base that stopped short of its target
+need not be rebuilt from scratch (the ~30M benchmark base takes hours on two cores).
 """
 
 from __future__ import annotations
@@ -95,9 +98,29 @@ def teacher_forced_exact(model: torch.nn.Module, rows: list[tuple[list[int], lis
     return exact.tolist()
 
 
-def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger) -> tuple[float, int]:
+def earlier_warmup(job: JobConfig) -> dict[str, Any]:
+    """The summary of the warm-up that `model.hf_dir` comes from ({} without one); refuses one on another task
+    or split, whose training problems would include this split's held-out ones."""
+    if not job.model.hf_dir:
+        return {}
+    summary_file = Path(job.model.hf_dir) / "warmup_summary.json"
+    if not summary_file.exists():
+        raise ValueError(f"model.hf_dir={job.model.hf_dir} has no warmup_summary.json: continue only a warm-up's "
+                         "own export (tools/make_demo_base.py), or unset model.hf_dir to start from random weights")
+    summary = json.loads(summary_file.read_text())
+    built = (summary.get("task", "addition"), summary.get("task_seed", summary.get("seed")))
+    wanted = (job.data.task, job.data.split_seed(job.seed))
+    if built != wanted:
+        raise ValueError(f"model.hf_dir={job.model.hf_dir} was warmed up on data.task={built[0]} split with seed "
+                         f"{built[1]}, this warm-up is data.task={wanted[0]} split with seed {wanted[1]}: pass "
+                         f"data.task={built[0]} data.task_seed={built[1]} to continue it")
+    return summary
+
+
+def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger,
+        earlier_steps: int = 0) -> tuple[float, int]:
     """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy
-    and the number of steps taken."""
+    and the number of steps taken. `earlier_steps`: of the warm-up this one continues."""
     from dapo_megatron.trainer.optimizer import build_optimizer
 
     cfg = job.warmup
@@ -119,8 +142,9 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
                                max_new_tokens=cfg.max_new_tokens or longest)
 
     measure = teacher_forced if cfg.eval_mode == "teacher_forced" else greedy
-    # Same order on every rank; each data-parallel rank then trains on its own slice of the batch.
-    rng = random.Random(job.seed)
+    # Same order on every rank; each data-parallel rank then trains on its own slice of the batch. A continued
+    # warm-up draws other batches than the one it continues drew first.
+    rng = random.Random(job.seed + earlier_steps)
     per_rank = cfg.batch_size // layout.dp_size
     accuracy = 0.0
     for step in range(1, cfg.max_steps + 1):
@@ -162,18 +186,22 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import export_hf
+    from dapo_megatron.models.weights import export_hf, load_hf_weights
     from dapo_megatron.trainer.optimizer import wrap_for_training
 
     job = job_config.load(sys.argv[1:] if argv is None else argv, world_size=process_env().world_size)
+    earlier = earlier_warmup(job)
     layout = initialize(job.parallel, job.seed)
     out = Path(job.output_dir)
     try:
         with MetricsLogger(out / "tensorboard", enabled=layout.is_logging_rank) as metrics:
             metrics.print(f"warm-up: {job.model.name} ({job.model.num_parameters():,} parameters), {layout.describe()}")
             model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
+            if earlier:
+                load_hf_weights(model, job.model.hf_dir, job.model, layout)
+                metrics.print(f"continuing the warm-up of {job.model.hf_dir} after its {earlier['steps']} steps")
             started = time.time()
-            accuracy, steps = run(job, layout, model, metrics)
+            accuracy, steps = run(job, layout, model, metrics, earlier_steps=earlier.get("steps", 0))
             saved = checkpoint.save_model(model, out / "warmup", step=0, model_cfg=job.model, layout=layout)
             tokenizer_dir = out / "tokenizer"
             if layout.is_logging_rank:
@@ -184,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                 summary = {f"{job.warmup.eval_mode}_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
                            "task": job.data.task, "task_seed": job.data.split_seed(job.seed),
                            "warmup": dataclasses.asdict(job.warmup), "model": dataclasses.asdict(job.model)}
+                if earlier:  # `steps` counts the whole warm-up; the one continued is kept as it was
+                    summary.update(steps=earlier["steps"] + steps, continued={k: earlier[k] for k in earlier
+                                                                              if k != "model"})
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
             metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "
                           f"checkpoint {saved}, Hugging Face export {hf_dir}")
