@@ -18,8 +18,10 @@ Sizes:
     built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
     column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, lr 2e-5, 4
     optimizer steps per rollout batch. Building its base takes one to two hours on the 2-core machine (done
-    once, kept in outputs/), and a rollout step ~40 s (TRL) to ~75 s (this project, generating until the
-    batch is full): not part of bench/run.py's default run (`bench/run.py --large`).
+    once, kept in outputs/; one that stopped short of its target continues with tools/make_demo_base.py
+    --output NEW model.hf_dir=OLD and the same model, task and warm-up overrides), and a rollout step ~40 s
+    (TRL) to ~75 s (this project, generating until the batch is full): not part of bench/run.py's default
+    run (`bench/run.py --large`).
 Both sides: fp32, loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty
 over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1, the whole machine: TRL with
 torch's default intra-op threads (every core; measured faster than one thread at both sizes, --trl-threads),
