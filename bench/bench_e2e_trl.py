@@ -82,7 +82,9 @@ LARGE_WARMUP = ("warmup.eval_mode=teacher_forced", "warmup.batch_size=32", "warm
                 "warmup.target_accuracy=0.2")
 """The ~30M base on column addition. Measured: one build reached teacher-forced exact match 0.22 at step 485
 (63 minutes); another ran all 600 steps (2 hours, nice'd beside other work) and ended at 0.11 teacher-forced,
-0.12 held-out greedy. The warm-up is noisy at this size; check the base's summary before comparing runs."""
+0.12 held-out greedy; session 9's, on two threads, stayed at exact match 0.00 until step ~410 (loss 0.09), then
+rose to 0.21 at step 530 (2.0 hours, ~40 minutes of it beside the test suite). The warm-up is noisy at this
+size; check the base's summary before comparing runs."""
 
 
 @dataclass(frozen=True)
