@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo_megatron.data.arithmetic import warmed_up_on
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_BASE = REPO / "outputs" / "demo_base"
 
@@ -35,7 +37,7 @@ def ensure_base(base: Path, overrides: Sequence[str] = (), *, task: str = "addit
     base warmed up on another task (its summary says which; bases from before tasks existed are `addition`)."""
     summary = base / "warmup_summary.json"
     if (base / "config.json").exists():
-        built = json.loads(summary.read_text()).get("task", "addition") if summary.exists() else task
+        built = warmed_up_on(json.loads(summary.read_text()))[0] if summary.exists() else task
         if built != task:
             raise ValueError(f"{base} was warmed up on data.task={built}, not {task}: remove it or pass another base")
         return base
@@ -49,7 +51,7 @@ def task_seed(base: Path) -> int:
     """The seed that split the base's task when it was warmed up. RL runs on the base split with it
     (`data.task_seed`), whatever their own seed, so its held-out problems are ones its warm-up never saw."""
     summary = json.loads((base / "warmup_summary.json").read_text())
-    return summary.get("task_seed", summary["seed"])  # bases from before task_seed split with the job seed
+    return warmed_up_on(summary)[1]
 
 
 def bench_env(threads: int = 1) -> dict[str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from typing import Any
 
 SPLITS = ("warmup", "rl", "eval")
 TASKS = ("addition", "column_addition")
@@ -64,6 +65,12 @@ COLUMN_PROBLEMS = 20_000
 """Distinct operand pairs drawn per seed, split with the same fractions as `addition`: 4000 held out (an
 evaluation takes the first few hundred), 11000 for the warm-up, which sees each at most once or twice in a
 few hundred steps of 32, and 16000 RL prompts."""
+
+
+def warmed_up_on(summary: dict[str, Any]) -> tuple[str, int]:
+    """The task and split seed of a base, from its warm-up's warmup_summary.json: its held-out problems are
+    that split's. Bases from before tasks existed are `addition`; from before task_seed, split with the job seed."""
+    return summary.get("task", "addition"), summary.get("task_seed", summary["seed"])
 
 
 def problems(split: str, *, seed: int = 0, task: str = "addition") -> list[Problem]:

@@ -108,7 +108,7 @@ def earlier_warmup(job: JobConfig) -> dict[str, Any]:
         raise ValueError(f"model.hf_dir={job.model.hf_dir} has no warmup_summary.json: continue only a warm-up's "
                          "own export (tools/make_demo_base.py), or unset model.hf_dir to start from random weights")
     summary = json.loads(summary_file.read_text())
-    built = (summary.get("task", "addition"), summary.get("task_seed", summary.get("seed")))
+    built = arithmetic.warmed_up_on(summary)
     wanted = (job.data.task, job.data.split_seed(job.seed))
     if built != wanted:
         raise ValueError(f"model.hf_dir={job.model.hf_dir} was warmed up on data.task={built[0]} split with seed "
