@@ -155,14 +155,18 @@ def summary(results: list[Result]) -> dict[str, float | None]:
     return {**{key: merged.get(key) for key in REQUIRED_KEYS}, **merged}
 
 
-def verdict(key: str, value: float | None, *, judge: bool = True) -> str:
-    """The target, and whether `value` meets it; `judge=False` (smoke-test numbers) shows the target only."""
+def verdict(key: str, value: float | None, *, judge: bool = True, upper_bound: float | None = None) -> str:
+    """The target, and whether `value` meets it; `judge=False` (smoke-test numbers) shows the target only.
+    `upper_bound`: where `value` could not be measured (the peer never reached the accuracy), the ratio is known
+    to be below this; it meets a `<=` target it does not exceed."""
     if key not in TARGETS:
         return ""
     op, threshold = TARGETS[key]
     if not judge:
         return f"{op} {threshold}"
     if value is None:
+        if upper_bound is not None and op == "<=" and upper_bound <= threshold:
+            return f"{op} {threshold}: met (below {upper_bound:.3f}: the peer never reached it)"
         return f"{op} {threshold}: not measured"
     met = value >= threshold if op == ">=" else value <= threshold
     return f"{op} {threshold}: {'met' if met else 'MISSED'}"
@@ -178,10 +182,10 @@ def render(results: list[Result], values: dict[str, float | None], *, quick: boo
             rows.append((*head, "-", "-", ""))
         for i, (key, value) in enumerate(result.ratios.items()):
             reported.add(key)
-            rows.append((*(head if i == 0 else ("",) * 4), key, _fmt(value), verdict(key, values.get(key), judge=not quick)))
+            rows.append((*(head if i == 0 else ("",) * 4), key, _fmt(value), judged(key, values, quick)))
     for key in REQUIRED_KEYS:  # derived or missing keys still get a row, so nothing silently disappears
         if key not in reported:
-            rows.append(("", "", "", "", key, _fmt(values.get(key)), verdict(key, values.get(key), judge=not quick)))
+            rows.append(("", "", "", "", key, _fmt(values.get(key)), judged(key, values, quick)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["--quick: smoke-test sizes, the numbers say nothing about the targets"] if quick else []
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -189,6 +193,10 @@ def render(results: list[Result], values: dict[str, float | None], *, quick: boo
         if result.status != "ok":
             lines += ["", f"--- {result.name} {result.status}; last lines of its output:", result.output_tail]
     return "\n".join(lines)
+
+
+def judged(key: str, values: dict[str, float | None], quick: bool) -> str:
+    return verdict(key, values.get(key), judge=not quick, upper_bound=values.get(f"{key}_upper_bound"))
 
 
 def _fmt(value: float | None) -> str:
