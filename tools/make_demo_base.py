@@ -19,6 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from dapo_megatron import config as job_config
 from dapo_megatron.models.hf_io import prepare_output_dir
 from dapo_megatron.trainer import warmup
 
@@ -28,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="HF directory to create")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     args, overrides = parser.parse_known_args(argv)
-    continued = [o.split("=", 1)[1] for o in overrides if o.startswith("model.hf_dir=")]
-    if continued and Path(continued[-1]).resolve() == Path(args.output).resolve():
+    # The base this warm-up continues, however it was set (an override or a config such as experiment=demo),
+    # before --force empties the output.
+    continued = job_config.to_job_config(job_config.compose(overrides)).model.hf_dir
+    if continued and Path(continued).resolve() == Path(args.output).resolve():
         parser.error(f"--output {args.output} is the base this warm-up continues (model.hf_dir): write the "
                      "continued base elsewhere, then replace the old one")
     out = prepare_output_dir(args.output, force=args.force)

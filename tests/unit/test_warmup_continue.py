@@ -18,9 +18,9 @@ from tests.conftest import REPO
 SHORT = ["warmup.eval_every=1", "warmup.eval_size=4", "warmup.batch_size=8", "warmup.micro_batch_size=8"]
 
 
-def make_base(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "tools/make_demo_base.py", "--output", str(out), *SHORT, *overrides],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
+def make_base(out: Path, *overrides: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(out), *SHORT,
+                           *overrides], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     return proc
 
@@ -54,6 +54,14 @@ def test_a_warmup_refuses_to_overwrite_the_base_it_continues(tmp_path: Path) -> 
     proc = make_base(base, "--force", f"model.hf_dir={base}")
     assert proc.returncode != 0 and "is the base this warm-up continues" in proc.stderr
     assert (base / "warmup_summary.json").exists()  # nothing deleted
+
+
+def test_the_refusal_sees_a_base_set_by_a_config(tmp_path: Path) -> None:
+    # experiment=demo continues outputs/demo_base (relative: here, under tmp_path, never the repository's).
+    base = write_summary(tmp_path / "outputs" / "demo_base", task="addition", task_seed=1234)
+    proc = make_base(Path("outputs/demo_base"), "--force", "experiment=demo", cwd=tmp_path)
+    assert proc.returncode != 0 and "is the base this warm-up continues" in proc.stderr, proc.stderr[-2000:]
+    assert (base / "warmup_summary.json").exists()
 
 
 @pytest.mark.parametrize(("built", "message"), [({"task": "column_addition", "task_seed": 1234}, "data.task=column_addition"),
