@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, from a fresh machine: sets up .venv on first use, then runs every test
 # (unit, multi-process gloo, real SGLang on CPU). Extra arguments go to pytest.
-# Two workers by default, each taking whole files (a module's SGLang engine fixture stays in one process);
-# TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=$(bash "$repo/tools/setup_env.sh")
 cd "$repo"
-exec "$python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+exec "$python" -m pytest -q "$@"
