@@ -78,6 +78,14 @@ class BatchCollector(Generic[G]):
         self._resolve(index, group if reason in KEEP_REASONS else None)
         return reason
 
+    def take(self, group: G, accuracies: Sequence[bool]) -> str:
+        """Keep `group` whatever it is (dynamic sampling off), judging it only for the metrics: `keep_ratio` is
+        then the share of trained groups that carry a gradient."""
+        reason = judge_group(accuracies)
+        self.reasons[reason] += 1
+        self.kept.append(group)
+        return reason
+
     def carry_in(self, index: int, group: G) -> None:
         """Place an informative group judged in an earlier step at position `index`."""
         self.reasons["carried_over"] += 1

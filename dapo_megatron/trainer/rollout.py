@@ -102,7 +102,7 @@ class RolloutManager:
         size = trainer.train_batch_size
         collector: BatchCollector[Drawn] = BatchCollector(size)
         if not trainer.dynamic_sampling:
-            self._stream(self._draw(size), stats, lambda _, drawn: collector.kept.append(drawn))
+            self._stream(self._draw(size), stats, lambda _, drawn: collector.take(drawn, drawn.accuracies))
         elif trainer.dynamic_sampling_mode == "streaming":
             self._fill_streaming(collector, stats)
         else:

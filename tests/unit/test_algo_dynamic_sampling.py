@@ -40,6 +40,15 @@ def test_collector_admits_in_draw_order_and_counts_reasons() -> None:
     assert metrics["keep_ratio"] == pytest.approx(3 / 6)
 
 
+def test_without_the_filter_every_group_is_kept_and_judged_for_the_metrics() -> None:
+    collector: BatchCollector[str] = BatchCollector(target_groups=3)
+    assert [collector.take(g, a) for g, a in (("a", [True, True]), ("b", [False, True]), ("c", [False, False]))] == [
+        "all_correct", "mixed", "all_wrong"]
+    assert collector.full and collector.kept == ["a", "b", "c"]
+    metrics = collector.metrics()
+    assert metrics["keep_ratio"] == pytest.approx(1 / 3) and metrics["judged_groups"] == 3  # the informative share
+
+
 def test_carried_groups_take_their_place_in_the_order() -> None:
     collector: BatchCollector[str] = BatchCollector(target_groups=2)
     collector.carry_in(1, "y")

@@ -157,3 +157,12 @@ def test_cancel_from_another_thread_stops_drawing_and_raises(pool: RewardPool) -
     with pytest.raises(CollectCancelled, match="cancelled"):
         rollouts.collect()
     assert engine.aborting and max(engine.generated) == 2
+
+
+def test_without_dynamic_sampling_every_group_trains_and_the_informative_share_is_logged(pool: RewardPool) -> None:
+    rollouts = manager(ScriptedEngine(6, slow_and_mixed), pool, dynamic_sampling=False, train_batch_size=10,
+                       ppo_mini_batch_size=10)
+    groups, metrics = rollouts.collect()
+    assert sorted(int(group.key) for group in groups) == list(range(10))  # all-correct prompts 4 and 9 too
+    assert metrics["dynamic_sampling/keep_ratio"] == pytest.approx(8 / 10)
+    assert metrics["dynamic_sampling/drop_all_correct"] == 2  # judged, not dropped: the metric's name stays
