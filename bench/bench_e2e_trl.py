@@ -165,8 +165,10 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_samplin
             generated = m.get("dynamic_sampling/samples_per_kept", 1.0) * trained
             steps.append({"seconds": seconds, "trained": trained, "generated": generated,
                           "tokens": generated * m["rollout/response_length"],
-                          # dynamic sampling trains only groups whose samples disagree (off in --quick)
-                          "informative": trained if dynamic_sampling and not args.quick else None})
+                          # dynamic sampling trains only groups whose samples disagree (off in --quick); without
+                          # it the trainer still logs their share
+                          "informative": trained * (1.0 if dynamic_sampling and not args.quick
+                                                    else m["dynamic_sampling/keep_ratio"])})
     startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
     return summarise(steps, evals, startup, size)
 
@@ -210,8 +212,7 @@ def summarise(steps: list[dict[str, float]], evals: list[tuple[int, float, float
         "trained_samples_per_s": spread([s["trained"] / s["seconds"] for s in steps]),
         "generated_samples_per_s": spread([s["generated"] / s["seconds"] for s in steps]),
         "generated_tokens_per_s": spread([s["tokens"] / s["seconds"] for s in steps]),
-        "informative_samples_per_s": (spread([s["informative"] / s["seconds"] for s in steps])
-                                      if all(s["informative"] is not None for s in steps) else None),
+        "informative_samples_per_s": spread([s["informative"] / s["seconds"] for s in steps]),
         "startup_seconds": startup,
         "eval_accuracy": [(step, acc) for step, acc, _ in evals],
         "eval_seconds": [seconds for _, _, seconds in evals],  # since launch, evaluation excluded
@@ -272,7 +273,8 @@ def main() -> None:
                             ("ours without dynamic sampling, synchronous", synchronous)):
                 print(f"{name} {side} {describe('s/step', r['step_seconds'])}; "
                       f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
-                      f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; start-up "
+                      f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; "
+                      f"{describe('informative samples/s', r['informative_samples_per_s'])}; start-up "
                       f"{r['startup_seconds']:.1f}s; eval acc {r['eval_accuracy']}; time to "
                       f"{size.target_acc}: {r['time_to_accuracy_s']}")
             # The same work per step as TRL (every group trained): what the trainer itself turns out.
@@ -286,9 +288,8 @@ def main() -> None:
                 mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
             summary[f"e2e_generated_tokens_per_s_vs_trl{size.suffix}"] = ratio(
                 mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"])
-            if mine["informative_samples_per_s"] is not None:
-                summary[f"e2e_informative_samples_per_s_vs_trl{size.suffix}"] = ratio(
-                    mine["informative_samples_per_s"]["median"], theirs["informative_samples_per_s"]["median"])
+            summary[f"e2e_informative_samples_per_s_vs_trl{size.suffix}"] = ratio(
+                mine["informative_samples_per_s"]["median"], theirs["informative_samples_per_s"]["median"])
             summary[f"time_to_accuracy_vs_trl{size.suffix}"] = ratio(mine["time_to_accuracy_s"],
                                                                      theirs["time_to_accuracy_s"])
             # TRL never reached the target but this project did: TRL's time is longer than its whole evaluated run,
