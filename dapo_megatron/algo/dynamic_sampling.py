@@ -73,17 +73,20 @@ class BatchCollector(Generic[G]):
 
     def offer(self, index: int, group: G, accuracies: Sequence[bool]) -> str:
         """Judge the group drawn `index`-th; returns its reason. Informative groups wait for their turn."""
-        reason = judge_group(accuracies)
-        self.reasons[reason] += 1
+        reason = self._judge(accuracies)
         self._resolve(index, group if reason in KEEP_REASONS else None)
         return reason
 
     def take(self, group: G, accuracies: Sequence[bool]) -> str:
         """Keep `group` whatever it is (dynamic sampling off), judging it only for the metrics: `keep_ratio` is
         then the share of trained groups that carry a gradient."""
+        reason = self._judge(accuracies)
+        self.kept.append(group)
+        return reason
+
+    def _judge(self, accuracies: Sequence[bool]) -> str:
         reason = judge_group(accuracies)
         self.reasons[reason] += 1
-        self.kept.append(group)
         return reason
 
     def carry_in(self, index: int, group: G) -> None:
