@@ -1,0 +1,60 @@
+"""bench/bench_e2e_trl.py's bookkeeping over repeated runs, on hand-made run results (the runs themselves are
+the benchmark: far too slow for a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_bench() -> ModuleType:
+    # bench/ is not a package: its scripts import their helpers (trainer_runs) as top-level modules.
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_e2e_trl", REPO / "bench" / "bench_e2e_trl.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+bench = load_bench()
+SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3)
+
+
+def run(seconds_per_step: float, accuracies: list[float]) -> dict[str, Any]:
+    """A run of 5-step evaluations whose step takes `seconds_per_step`, accuracies at steps 0, 5, 10, ..."""
+    steps = [{"seconds": seconds_per_step, "trained": 64, "generated": 64, "tokens": 6400, "informative": 64}
+             for _ in range(5 * (len(accuracies) - 1))]
+    evals = [(5 * i, acc, 10.0 + 5 * i * seconds_per_step) for i, acc in enumerate(accuracies)]
+    return bench.summarise(steps, evals, startup=10.0, size=SIZE)
+
+
+def test_time_to_accuracy_is_the_upper_median_with_misses_counted_as_later() -> None:
+    fast, slow, miss = run(10.0, [0.2, 0.3]), run(10.0, [0.2, 0.25, 0.31]), run(10.0, [0.2, 0.25, 0.29])
+    assert (fast["time_to_accuracy_s"], slow["time_to_accuracy_s"], miss["time_to_accuracy_s"]) == (60.0, 110.0, None)
+    # Two of three reached it: the median run is the slower of those two, and its accuracies come along.
+    three = bench.over_runs([miss, fast, slow])
+    assert three["time_to_accuracy_s"] == 110.0 and three["reached_at_step"] == 10
+    assert three["eval_accuracy"] == slow["eval_accuracy"]
+    assert three["reached_runs"] == 2 / 3
+    # Of two, the slower: one miss makes the pair's time None, however fast the other was.
+    two = bench.over_runs([fast, miss])
+    assert two["time_to_accuracy_s"] is None and two["reached_runs"] == 0.5
+    one = bench.over_runs([fast])
+    assert one["time_to_accuracy_s"] == 60.0 and one["reached_runs"] == 1.0
+
+
+def test_rates_pool_every_runs_steps() -> None:
+    quick, slow = run(10.0, [0.2, 0.3]), run(30.0, [0.2, 0.3, 0.3])  # 5 steps of 10 s, 10 steps of 30 s
+    pooled = bench.over_runs([quick, slow])
+    assert pooled["step_seconds"]["n"] == 15 and pooled["step_seconds"]["median"] == 30.0
+    assert pooled["runs"] == [quick, slow]
