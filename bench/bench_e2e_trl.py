@@ -48,6 +48,10 @@ excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e
 informative samples/s (with dynamic sampling), and `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
 None when either side did not reach the target; when only this project did, `time_to_accuracy_vs_trl_upper_bound
 [_demo]`: its time over TRL's whole evaluated run, which the true ratio is below).
+`--repeats N` runs this project's accuracy run N times (runs that generate ahead differ by timing even at one
+seed; TRL's are deterministic here and run once): its time to accuracy is then the upper median over the runs,
+a run that missed the target counting as slower than any that reached it, and
+`time_to_accuracy_reached_runs[_demo]` is the share of runs that reached it.
 """
 
 from __future__ import annotations
