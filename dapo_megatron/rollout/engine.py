@@ -146,7 +146,11 @@ class SGLangEngine:
                     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
                     "--dtype", dtype,
                     # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
-                    "--mem-fraction-static", "0.05", "--max-total-tokens", str(self.cfg.max_total_tokens),
+                    # SGLang checks it as "host memory that vanished while the weights loaded < fraction x free
+                    # memory before", so whatever a neighbour (another engine starting, a trainer building its
+                    # model) allocates meanwhile counts as weights: at 0.05 ~1 GB of 20 free refused the start
+                    # (seen in a parallel test run). Half tolerates any neighbour that leaves room to run.
+                    "--mem-fraction-static", "0.5", "--max-total-tokens", str(self.cfg.max_total_tokens),
                     "--disable-cuda-graph", "--skip-server-warmup",
                     # Idle, the scheduler otherwise spins at 100% of a core while the trainer computes on
                     # the same cores (measured: a 2-thread trainer ran 2.5x slower beside it). It polls its
