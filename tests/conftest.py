@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def load_bench_script(stem: str) -> ModuleType:
+    """bench/STEM.py as a module. bench/ is not a package: its scripts run as files and import their helpers
+    (trainer_runs) as top-level modules, so bench/ is on the path while it loads."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_script_{stem}", REPO / "bench" / f"{stem}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "bench"))
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

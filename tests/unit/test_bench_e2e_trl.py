@@ -3,30 +3,11 @@ the benchmark: far too slow for a test)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import load_bench_script
 
-
-def load_bench() -> ModuleType:
-    # bench/ is not a package: its scripts import their helpers (trainer_runs) as top-level modules.
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_e2e_trl", REPO / "bench" / "bench_e2e_trl.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-
-
-bench = load_bench()
+bench = load_bench_script("bench_e2e_trl")
 SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3)
 
 

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, load_bench_script
 
-
-def load_run() -> ModuleType:
-    # bench/ is not a package (its scripts run as files), so load run.py by path.
-    spec = importlib.util.spec_from_file_location("bench_run", REPO / "bench" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
-    spec.loader.exec_module(module)
-    return module
-
-
-run = load_run()
+run = load_bench_script("run")
 
 
 def write_bench(directory: Path, name: str, body: str) -> None:
