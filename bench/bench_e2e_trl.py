@@ -270,6 +270,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the runs' logs and metrics here (default: a temporary "
                         "directory, removed at the end)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (this project's accuracy run, that many times); got {args.repeats}")
     if not Path(args.trl_python).exists():
         parser.error(f"no TRL environment at {args.trl_python}: create it as the docstring says (--help)")
 
