@@ -3,9 +3,11 @@ the benchmark: far too slow for a test)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
-from tests.conftest import load_bench_script
+from tests.conftest import REPO, load_bench_script
 
 bench = load_bench_script("bench_e2e_trl")
 SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3)
@@ -39,3 +41,9 @@ def test_rates_pool_every_runs_steps() -> None:
     pooled = bench.over_runs([quick, slow])
     assert pooled["step_seconds"]["n"] == 15 and pooled["step_seconds"]["median"] == 30.0
     assert pooled["runs"] == [quick, slow]
+
+
+def test_repeats_below_one_is_refused_before_anything_runs() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), "--repeats", "0"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "--repeats must be at least 1" in proc.stderr
