@@ -243,7 +243,8 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return math.inf if run["time_to_accuracy_s"] is None else run["time_to_accuracy_s"]
 
     median_run = sorted(runs, key=reached_in)[len(runs) // 2]
-    return {**median_run, **rates([step for r in runs for step in r["steps"]]),
+    pooled = [step for r in runs for step in r["steps"]]
+    return {**median_run, **rates(pooled), "steps": pooled,
             "reached_runs": sum(math.isfinite(reached_in(r)) for r in runs) / len(runs), "runs": runs}
 
 

@@ -17,6 +17,13 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def load_bench_script(stem: str) -> ModuleType:
@@ -32,13 +39,7 @@ def load_bench_script(stem: str) -> ModuleType:
         return module
     finally:
         sys.path.remove(str(REPO / "bench"))
-SHARED_DATA = REPO.parent / "shared" / "data"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
