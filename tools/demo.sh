@@ -8,8 +8,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=$(bash "$repo/tools/setup_env.sh")
 cd "$repo"
-# One thread each for the engine and, while it generates, the trainer (more would oversubscribe the two
-# cores); the trainer takes every core while the engine is idle (trainer.cpu_idle_cores).
+# One thread each for the engine and the trainer while both compute (more would oversubscribe the two cores);
+# the trainer takes every core while the engine is idle (trainer.cpu_idle_cores), the engine every core while
+# the trainer only waits for it (rollout.cpu_idle_cores).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 base=outputs/demo_base
 if [ ! -f "$base/config.json" ]; then

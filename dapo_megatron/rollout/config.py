@@ -38,6 +38,12 @@ class RolloutConfig:
     max_concurrent_requests: int = 256
     log_dir: str | None = None
     """Engine logs; None = <output_dir>/logs."""
+    cpu_idle_cores: bool = True
+    """CPU engines: while the trainer only waits for its engine (the batch generated ahead, a synchronous
+    rollout, an evaluation) the engine computes on the rank's whole share of the cores, and beside an update on
+    the threads it was started with (OMP_NUM_THREADS, else one). The mirror of trainer.cpu_idle_cores.
+    Measured on two cores, a batch generated on two threads against one: 0.69x the time at ~30M parameters,
+    0.83x for the demo's 165k. Ignored on GPUs."""
 
     # --- weight sync ---
     sync_bucket_mb: int = 512

@@ -10,7 +10,9 @@ fp32 rounding (tests/integration check the engine's log-probs against the traine
 It is registered under the name `torch_native` through SGLang's own backend registry, so every other
 place where SGLang special-cases that name (no CUDA graphs, no Triton kernels, KV-cache helpers) keeps
 applying. Anything unusual (encoder-decoder, sliding windows, very large padded batches) goes to the
-original per-sequence code. Only the CPU engine imports this (`rollout/sglang_cpu.py`).
+original per-sequence code. Only the CPU engine imports this (`rollout/sglang_cpu.py`). Being the one piece of
+this project that runs on every forward pass, it is also where the engine takes the intra-op thread count
+the trainer asks for (`rollout/engine_threads.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from sglang.srt.layers.attention.attention_registry import register_attention_backend
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from torch.nn.functional import scaled_dot_product_attention
+
+from dapo_megatron.rollout import engine_threads
 
 MAX_PADDED_SCORES = 1 << 26
 """Above this many attention scores (sequences x heads x queries x keys) in one padded batch, fall back
@@ -94,6 +98,11 @@ def batched_extend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 class BatchedTorchNativeAttnBackend(TorchNativeAttnBackend):
     """SGLang's torch_native backend with one padded attention call per layer instead of one per sequence."""
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        # Once per forward pass, in the thread that runs it: where the trainer's thread requests take effect.
+        engine_threads.follow()
+        super().init_forward_metadata(forward_batch)
 
     def _run_sdpa_forward_decode(self, query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor,
                                  v_cache: torch.Tensor, req_to_token: torch.Tensor,

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ from typing import Any
 import psutil
 import requests
 
-from dapo_megatron.rollout import cpu_weight_loader
+from dapo_megatron.rollout import cpu_weight_loader, engine_threads
 from dapo_megatron.rollout.config import RolloutConfig
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -42,8 +43,9 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 LOG_TAIL_LINES = 40
 CPU_ENGINE_THREADS = 1
-"""A CPU engine's intra-op threads unless the user set OMP_NUM_THREADS: more only slow small CPU models down
-and compete with the trainer (trainer.cpu_threads leaves the engine this many cores)."""
+"""A CPU engine's intra-op threads unless the user set OMP_NUM_THREADS: beside an update more would compete with
+the trainer (trainer/cpu_threads.py leaves the engine this many cores, and gives it the rank's share while the
+trainer only waits for it)."""
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
 _TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
@@ -121,6 +123,8 @@ class SGLangEngine:
         self.device = device
         self.base_gpu_id = base_gpu_id
         self.extra_args = list(extra_args)
+        # A launched CPU engine's intra-op thread count, which it follows while it runs (rollout/engine_threads.py).
+        self.threads_file: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
         self._workers: list[tuple[psutil.Process, str]] = []
@@ -170,7 +174,21 @@ class SGLangEngine:
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         if self.device == "cpu":
             env.setdefault("OMP_NUM_THREADS", str(CPU_ENGINE_THREADS))
+            if self.threads_file is not None:
+                env[engine_threads.THREADS_FILE_ENV] = str(self.threads_file)
         return env
+
+    @property
+    def start_threads(self) -> int:
+        """The intra-op threads a CPU engine starts with (OMP_NUM_THREADS, else CPU_ENGINE_THREADS)."""
+        return int(self._environment().get("OMP_NUM_THREADS", CPU_ENGINE_THREADS))
+
+    def set_cpu_threads(self, threads: int) -> None:
+        """A launched CPU engine computes on `threads` intra-op threads from its next forward pass on."""
+        if self.threads_file is None:
+            raise EngineError(f"engine at {self.url} ({self.device}) is not a launched CPU engine: only those "
+                              "follow a thread count")
+        engine_threads.request_threads(self.threads_file, threads)
 
     def start(self) -> SGLangEngine:
         """Launch the server and wait until it generates; on failure kill it and raise EngineError."""
@@ -186,6 +204,11 @@ class SGLangEngine:
             # Otherwise the health check could succeed against whatever already listens there.
             raise EngineError(f"port {self.port} on {self.host} is already in use")
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        if self.device == "cpu":  # local temporary storage: the engine reads it before every forward pass
+            fd, name = tempfile.mkstemp(prefix="dapo_engine_", suffix=".threads")
+            os.close(fd)
+            self.threads_file = Path(name)
+            engine_threads.request_threads(self.threads_file, self.start_threads)
         with open(self.log_file, "ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
             log.flush()
@@ -330,6 +353,9 @@ class SGLangEngine:
         """
         process, self._process = self._process, None
         _LIVE_ENGINES.discard(self)
+        if self.threads_file is not None:
+            self.threads_file.unlink(missing_ok=True)
+            self.threads_file = None
         if process is None:
             return
         if process.poll() is None:

@@ -7,18 +7,26 @@ engine's thread, not torch's default of every core): more would oversubscribe th
 when measured (~30M parameters: 27.9 s per step with two passive-waiting trainer threads beside the engine,
 against 28-30 s with one; beside an engine that spun a core, two threads trained 2.5x slower). Whenever the
 engine has nothing to generate (a synchronous update, or the batch ahead is already complete) the trainer
-takes this rank's whole share of the cores. On GPUs nothing changes.
+takes this rank's whole share of the cores. The other way round, while the trainer only waits for its
+engine (the batch generated ahead, or a synchronous rollout or an evaluation) that engine may compute on the
+rank's share too (`rollout.cpu_idle_cores`, through `rollout/engine_threads.py`); beside an update it keeps
+to the threads it was started with. On GPUs nothing changes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dapo_megatron.rollout.engine import CPU_ENGINE_THREADS
+
+if TYPE_CHECKING:
+    from dapo_megatron.rollout.engine import SGLangEngine
 
 
 def cores_per_rank(ranks_on_node: int) -> int:
@@ -26,18 +34,38 @@ def cores_per_rank(ranks_on_node: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_on_node))
 
 
-class TrainerThreads:
-    """torch's intra-op thread count for the two states of the engine. Call from the training thread: under
-    OpenMP the count belongs to the calling thread's parallel regions."""
+def _check_counts(beside: int, alone: int, name: str) -> None:
+    if beside < 1 or alone < beside:
+        raise ValueError(f"need 1 <= {name} <= alone threads; got {beside} and {alone}")
 
-    def __init__(self, *, beside_engine: int, alone: int) -> None:
-        if beside_engine < 1 or alone < beside_engine:
-            raise ValueError(f"need 1 <= beside_engine <= alone threads; got {beside_engine} and {alone}")
-        self.beside_engine, self.alone = beside_engine, alone
+
+@dataclass(frozen=True)
+class EngineThreads:
+    """A CPU engine's intra-op threads: its own beside an update, `alone` while the trainer waits for it."""
+
+    request: Callable[[int], None]  # takes effect at the engine's next forward pass
+    beside_trainer: int
+    alone: int
+
+    def __post_init__(self) -> None:
+        _check_counts(self.beside_trainer, self.alone, "beside_trainer")
+
+
+class TrainerThreads:
+    """torch's intra-op thread count for the two states of the engine, and, given this rank's CPU engine, that
+    engine's count for the states of the trainer. Call from the training thread: under OpenMP the count
+    belongs to the calling thread's parallel regions."""
+
+    def __init__(self, *, beside_engine: int, alone: int, engine: EngineThreads | None = None) -> None:
+        _check_counts(beside_engine, alone, "beside_engine")
+        self.beside_engine, self.alone, self.engine = beside_engine, alone, engine
         self._batch: Future[Any] | None = None
 
     @classmethod
-    def for_job(cls, device_type: str, *, use_idle_cores: bool, ranks_on_node: int) -> TrainerThreads:
+    def for_job(cls, device_type: str, *, use_idle_cores: bool, ranks_on_node: int,
+                engine: SGLangEngine | None = None, engine_idle_cores: bool = False) -> TrainerThreads:
+        """`engine`: the CPU engine this rank launched, if any; with `engine_idle_cores` it computes on the rank's
+        share of the cores while the trainer waits for it."""
         started_with = torch.get_num_threads()
         if device_type != "cpu":
             return cls(beside_engine=started_with, alone=started_with)
@@ -45,16 +73,28 @@ class TrainerThreads:
         # Without OMP_NUM_THREADS torch starts on every core, the engine's too: leave the engine the one thread
         # it is started with (CPU_ENGINE_THREADS; a count the user set goes to both).
         beside = started_with if os.environ.get("OMP_NUM_THREADS") else max(1, share - CPU_ENGINE_THREADS)
-        return cls(beside_engine=beside, alone=max(beside, share) if use_idle_cores else beside)
+        engine_side = None
+        if engine is not None and engine_idle_cores and share > engine.start_threads:
+            engine_side = EngineThreads(engine.set_cpu_threads, beside_trainer=engine.start_threads, alone=share)
+        return cls(beside_engine=beside, alone=max(beside, share) if use_idle_cores else beside, engine=engine_side)
 
     def engine_generating(self, batch: Future[Any] | None) -> None:
         """The engine now generates `batch` beside the update (None on ranks that do not hold it: they keep to
         their own threads until `engine_idle`)."""
         self._batch = batch
+        if self.engine is not None:  # before the update starts computing
+            self.engine.request(self.engine.beside_trainer)
         torch.set_num_threads(self.beside_engine)
 
+    def trainer_waiting(self) -> None:
+        """The update is done and the trainer waits for the engine: the engine may take the trainer's cores."""
+        if self.engine is not None:
+            self.engine.request(self.engine.alone)
+
     def engine_idle(self) -> None:
+        """Nothing generates beside the trainer now; whatever the engine generates next, the trainer waits for."""
         self._batch = None
+        self.trainer_waiting()
         torch.set_num_threads(self.alone)
 
     def take_idle_cores(self) -> None:

@@ -116,7 +116,8 @@ class Session:
         nodes: list[int | None] = [None] * self.layout.world_size
         torch.distributed.all_gather_object(nodes, self.layout.node)
         self.threads = TrainerThreads.for_job(self.layout.device.type, use_idle_cores=self.job.trainer.cpu_idle_cores,
-                                              ranks_on_node=nodes.count(self.layout.node))
+                                              ranks_on_node=nodes.count(self.layout.node), engine=self.engine,
+                                              engine_idle_cores=self.job.rollout.cpu_idle_cores)
         self.threads.engine_idle()  # until a batch is generated ahead
         return self
 
@@ -231,6 +232,7 @@ class Session:
         """Block until the batch generated ahead is complete (the engine takes no weights while it generates);
         raises what its generation raised. Returns the seconds waited."""
         started = time.perf_counter()
+        self.threads.trainer_waiting()
         if self._ahead is not None:
             self._ahead.result()
         self.threads.engine_idle()

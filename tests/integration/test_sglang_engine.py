@@ -96,6 +96,28 @@ def test_flush_cache_and_weight_version_label_later_samples(engine: SGLangEngine
     assert [s.weight_version for s in samples] == ["step-7", "step-7"]
 
 
+def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(engine: SGLangEngine,
+                                                                        hf_model: torch.nn.Module) -> None:
+    """The count the trainer asks for reaches the engine's forward pass (logged from there) and generation
+    stays the same; asking again for the same count changes nothing."""
+    def changes() -> list[str]:
+        return [line for line in engine.log_file.read_text().splitlines() if "intra-op threads" in line]
+
+    assert engine.threads_file is not None and engine.start_threads == 1
+    seen = len(changes())
+    try:
+        engine.set_cpu_threads(2)
+        assert greedy(engine, PROMPT, 24) == hf_greedy(hf_model, PROMPT, 24)
+        assert [line.split("] ")[-1] for line in changes()[seen:]] == ["engine computes on 2 intra-op threads"]
+        engine.set_cpu_threads(2)
+        greedy(engine, PROMPT, 4)
+        assert len(changes()) == seen + 1
+    finally:
+        engine.set_cpu_threads(1)
+    greedy(engine, PROMPT, 4)
+    assert changes()[-1].endswith("engine computes on 1 intra-op threads")
+
+
 def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngine) -> None:
     tree = process_tree(engine.pid)
     assert len(tree) >= 3

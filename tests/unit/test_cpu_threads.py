@@ -75,3 +75,51 @@ def test_ranks_that_cannot_see_the_batch_wait_for_the_engine_to_be_idle(one_thre
 def test_impossible_counts_are_refused() -> None:
     with pytest.raises(ValueError, match="beside_engine <= alone"):
         TrainerThreads(beside_engine=2, alone=1)
+
+
+class RecordingEngine:
+    """Stands for a CPU SGLangEngine's thread control: records the counts the trainer asks for."""
+
+    def __init__(self, start_threads: int = 1) -> None:
+        self.start_threads = start_threads
+        self.requests: list[int] = []
+
+    def set_cpu_threads(self, threads: int) -> None:
+        self.requests.append(threads)
+
+
+def test_the_engine_takes_the_rank_share_while_the_trainer_waits(one_thread: None) -> None:
+    engine = RecordingEngine()
+    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1, engine=engine,  # type: ignore[arg-type]
+                                     engine_idle_cores=True)
+    threads.engine_idle()
+    assert engine.requests == [4]  # a synchronous rollout or an evaluation: the trainer waits
+    batch: Future[str] = Future()
+    threads.engine_generating(batch)
+    assert engine.requests[-1] == 1  # beside the update: its own thread
+    threads.take_idle_cores()
+    assert engine.requests[-1] == 1
+    threads.trainer_waiting()  # the update is done before the batch: the engine gets the cores
+    assert engine.requests[-1] == 4
+    assert torch.get_num_threads() == 1  # the trainer's own count does not change while it waits
+
+
+@pytest.mark.parametrize(("enabled", "ranks", "start"), [(False, 1, 1), (True, 4, 1), (True, 1, 4)])
+def test_the_engine_keeps_its_threads_when_off_or_when_there_is_nothing_to_take(
+        one_thread: None, enabled: bool, ranks: int, start: int) -> None:
+    engine = RecordingEngine(start)
+    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=ranks, engine=engine,  # type: ignore[arg-type]
+                                     engine_idle_cores=enabled)
+    threads.engine_idle()
+    threads.engine_generating(Future())
+    threads.trainer_waiting()
+    assert threads.engine is None and engine.requests == []
+
+
+def test_gpu_engines_are_never_asked(one_thread: None) -> None:
+    engine = RecordingEngine()
+    threads = TrainerThreads.for_job("cuda", use_idle_cores=True, ranks_on_node=1, engine=engine,  # type: ignore[arg-type]
+                                     engine_idle_cores=True)
+    threads.engine_idle()
+    threads.trainer_waiting()
+    assert engine.requests == []

@@ -1,0 +1,65 @@
+"""The file through which the trainer changes a CPU engine's intra-op threads: what one side writes, the
+other takes at its next forward pass (the engine side runs here in-process; tests/integration runs it in a
+real SGLang engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo_megatron.rollout import engine_threads
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_request_is_taken_at_the_next_forward_pass(tmp_path: Path, restore_threads: None) -> None:
+    path = tmp_path / "engine.threads"
+    engine_threads.request_threads(path, 1)
+    follow = engine_threads._Follower(str(path))
+    follow()
+    assert torch.get_num_threads() == 1
+    engine_threads.request_threads(path, 2)  # in place: the follower's open file sees it
+    assert torch.get_num_threads() == 1  # nothing changes until the engine's next forward pass
+    follow()
+    assert torch.get_num_threads() == 2
+    engine_threads.request_threads(path, 1)
+    follow()
+    assert torch.get_num_threads() == 1
+
+
+def test_a_file_without_a_count_changes_nothing(tmp_path: Path, restore_threads: None) -> None:
+    path = tmp_path / "engine.threads"
+    path.touch()
+    torch.set_num_threads(1)
+    assert engine_threads.requested_threads(path) is None
+    engine_threads._Follower(str(path))()
+    assert torch.get_num_threads() == 1
+    assert engine_threads.requested_threads(tmp_path / "missing") is None
+
+
+def test_a_wider_count_overwrites_a_narrower_one_whole(tmp_path: Path) -> None:
+    path = tmp_path / "engine.threads"
+    engine_threads.request_threads(path, 16)
+    engine_threads.request_threads(path, 2)
+    assert engine_threads.requested_threads(path) == 2
+
+
+def test_zero_threads_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        engine_threads.request_threads(tmp_path / "engine.threads", 0)
+
+
+def test_follow_does_nothing_outside_an_engine(monkeypatch: pytest.MonkeyPatch, restore_threads: None) -> None:
+    monkeypatch.delenv(engine_threads.THREADS_FILE_ENV, raising=False)
+    engine_threads._follower.cache_clear()
+    before = torch.get_num_threads()
+    engine_threads.follow()
+    assert torch.get_num_threads() == before
+    engine_threads._follower.cache_clear()
