@@ -116,11 +116,13 @@ class Size:
     target_acc: float
     same_work_steps: int  # of the run without dynamic sampling that measures throughput on TRL's work
     suffix: str  # of the printed keys
+    engine_idle_cores: bool = True  # rollout.cpu_idle_cores: the demo's config turns it off, measured slower there
 
 
 SIZES = {
     "demo": Size("demo", DEMO_BASE, (), "addition", (), prompts=32, group=16, mini_batch=8, max_new_tokens=16,
-                 overlong_buffer=4, lr=3e-4, steps=40, trl_steps=40, eval_every=5, eval_problems=200, target_acc=0.4, same_work_steps=10, suffix="_demo"),
+                 overlong_buffer=4, lr=3e-4, steps=40, trl_steps=40, eval_every=5, eval_problems=200, target_acc=0.4, same_work_steps=10, suffix="_demo",
+                 engine_idle_cores=False),
     "large": Size("large", REPO / "outputs" / "bench_base_30m_columns", LARGE_MODEL, "column_addition", LARGE_WARMUP,
                   prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=2e-5, steps=20,
                   trl_steps=60, eval_every=5, eval_problems=200, target_acc=0.3, same_work_steps=5, suffix=""),
@@ -153,7 +155,8 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_samplin
                  f"rollout.max_response_length={size.max_new_tokens}",
                  f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
                  f"eval.every={size.eval_every if dynamic_sampling else 0}", f"eval.num_problems={size.eval_problems}",
-                 "trainer.save_every=0", f"trainer.overlap_rollout={str(overlap).lower()}"]
+                 "trainer.save_every=0", f"trainer.overlap_rollout={str(overlap).lower()}",
+                 f"rollout.cpu_idle_cores={str(size.engine_idle_cores).lower()}"]
     # Without dynamic sampling; and in --quick, where an untrained base rarely yields informative groups and a
     # smoke test must not stall on it.
     if args.quick or not dynamic_sampling:

@@ -10,7 +10,7 @@ python=$(bash "$repo/tools/setup_env.sh")
 cd "$repo"
 # One thread each for the engine and the trainer while both compute (more would oversubscribe the two cores);
 # the trainer takes every core while the engine is idle (trainer.cpu_idle_cores), the engine every core while
-# the trainer only waits for it (rollout.cpu_idle_cores).
+# the trainer only waits for it at larger sizes (rollout.cpu_idle_cores: off in the demo, see its config).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 base=outputs/demo_base
 if [ ! -f "$base/config.json" ]; then

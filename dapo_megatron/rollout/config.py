@@ -43,7 +43,8 @@ class RolloutConfig:
     rollout, an evaluation) the engine computes on the rank's whole share of the cores, and beside an update on
     the threads it was started with (OMP_NUM_THREADS, else one). The mirror of trainer.cpu_idle_cores.
     Measured on two cores, a batch generated on two threads against one: 0.69x the time at ~30M parameters,
-    0.83x for the demo's 165k. Ignored on GPUs."""
+    0.83x for the demo's 165k; yet in the demo's run the driving rank's streaming and reward scoring, which also
+    run while the trainer waits, lost more than that (off there). Ignored on GPUs."""
 
     # --- weight sync ---
     sync_bucket_mb: int = 512

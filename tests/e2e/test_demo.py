@@ -106,12 +106,12 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand between trainer and engine")
 def test_the_engine_takes_the_trainers_cores_while_the_trainer_waits(demo_base: Path, tmp_path: Path) -> None:
-    """rollout.cpu_idle_cores (on by default) generating ahead: the engine computes on the rank's two cores while
+    """rollout.cpu_idle_cores (on by default, off in the demo) generating ahead: the engine computes on the rank's two cores while
     the trainer only waits for it (the first sync's check, the first batch) and on its own one beside the update
     (the batch ahead)."""
     out = tmp_path / "run"
     run([sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-         f"output_dir={out}", "trainer.overlap_rollout=true", "trainer.total_steps=2",
+         f"output_dir={out}", "trainer.overlap_rollout=true", "rollout.cpu_idle_cores=true", "trainer.total_steps=2",
          "eval.every=0", "trainer.on_unfilled_batch=train"], timeout=900)
     log = (out / "logs" / "sglang_engine.log").read_text().splitlines()
     changes = [line.split("] ")[-1] for line in log if "intra-op threads" in line]
