@@ -28,7 +28,8 @@ Both sides: fp32, loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer pl
 over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1, the whole machine: TRL with
 torch's default intra-op threads (every core; measured faster than one thread at both sizes, --trl-threads),
 this project with one thread per process and the next batch generated while the policy trains
-(`trainer.overlap_rollout`: the engine on one core, the trainer on the other). Differences that stay: TRL
+(`trainer.overlap_rollout`: the engine on one core, the trainer on the other; at the large size the engine
+takes both while the trainer only waits for it, `rollout.cpu_idle_cores`). Differences that stay: TRL
 generates with `model.generate` in-process, this project with SGLang; this project takes π_old from the
 engine's log-probs (`algo.old_log_prob_source=rollout`, as in the demo: same fp32 numerics on both sides),
 TRL recomputes it; this project runs dynamic sampling (DAPO's, streaming), TRL trains on every group,
