@@ -41,14 +41,6 @@ def request_threads(path: Path, threads: int) -> None:
         os.close(fd)
 
 
-def requested_threads(path: Path) -> int | None:
-    """The count last written to `path`; None if there is none yet."""
-    try:
-        return _parse(path.read_bytes())
-    except FileNotFoundError:
-        return None
-
-
 def _parse(raw: bytes) -> int | None:
     try:
         threads = int(raw)
