@@ -26,7 +26,10 @@ class RolloutConfig:
     mem_fraction_static: float = 0.5
     """Share of GPU memory SGLang takes for weights + KV cache (ignored on CPU)."""
     max_total_tokens: int = 65536
-    """KV-cache capacity in tokens on CPU, where there is no memory fraction to size it from."""
+    """KV-cache capacity in tokens on CPU, where there is no memory fraction to size it from. Below
+    `max_concurrent_requests x (max_prompt_length + max_response_length)` the engine queues requests and
+    retracts running ones (recomputing them) when it fills; a CPU engine warns at start. At ~30M parameters,
+    256 requests of ~150 tokens generated 1.34x faster with 65536 than with 16384."""
     dtype: str = "auto"
     """Engine dtype; auto = the policy's params_dtype."""
     quantization: str | None = None
@@ -58,6 +61,18 @@ class RolloutConfig:
     sync_check_every: int = 50
     sync_check_tolerance: float = 1e-3
     """Largest allowed |engine - trainer| log-prob on the probe batch (fp32; use ~0.05 for bf16)."""
+
+    def kv_shortfall(self) -> str | None:
+        """Why the KV cache cannot hold every concurrent request at full length, or None when it can. An upper
+        bound: the samples of a group share their prompt's cache entries."""
+        per_request = self.max_prompt_length + self.max_response_length
+        needed = self.max_concurrent_requests * per_request
+        if needed <= self.max_total_tokens:
+            return None
+        return (f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} of "
+                f"rollout.max_concurrent_requests={self.max_concurrent_requests} requests of up to {per_request} "
+                "tokens: the engine queues the rest and retracts running requests when its KV cache fills, "
+                f"recomputing them. Set rollout.max_total_tokens={needed} (or lower max_concurrent_requests).")
 
     def __post_init__(self) -> None:
         positive = ("n_samples_per_prompt", "max_response_length", "max_prompt_length", "engine_tp_size",

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,8 @@ class SGLangEngine:
             raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
         if device == "cpu" and cfg.quantization:
             raise ValueError(f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU")
+        if device == "cpu" and (shortfall := cfg.kv_shortfall()) is not None:
+            warnings.warn(shortfall, stacklevel=2)  # on GPUs the memory fraction sizes the cache
         self.model_path = Path(model_path)
         self.cfg = cfg
         self.log_file = Path(log_file)
@@ -204,8 +207,10 @@ class SGLangEngine:
             # Otherwise the health check could succeed against whatever already listens there.
             raise EngineError(f"port {self.port} on {self.host} is already in use")
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        if self.device == "cpu":  # local temporary storage: the engine reads it before every forward pass
-            fd, name = tempfile.mkstemp(prefix="dapo_engine_", suffix=".threads")
+        if self.device == "cpu":
+            # Beside the log, not in /tmp: an engine killed before `shutdown` leaves its few bytes in the run's
+            # own directory. A CPU engine's log directory is local, and the engine reads the file per forward.
+            fd, name = tempfile.mkstemp(prefix=f"{self.log_file.name}.", suffix=".threads", dir=self.log_file.parent)
             os.close(fd)
             self.threads_file = Path(name)
             engine_threads.request_threads(self.threads_file, self.start_threads)

@@ -103,7 +103,8 @@ def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(engine: 
     def changes() -> list[str]:
         return [line for line in engine.log_file.read_text().splitlines() if "intra-op threads" in line]
 
-    assert engine.threads_file is not None and engine.start_threads == 1
+    assert engine.threads_file is not None and engine.threads_file.parent == engine.log_file.parent
+    assert engine.start_threads == 1
     seen = len(changes())
     try:
         engine.set_cpu_threads(2)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
+from dapo_megatron import config as C
 from tests.conftest import REPO, load_bench_script
 
 bench = load_bench_script("bench_e2e_trl")
@@ -47,3 +48,11 @@ def test_repeats_below_one_is_refused_before_anything_runs() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), "--repeats", "0"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2 and "--repeats must be at least 1" in proc.stderr
+
+
+def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
+    """Session 13's ~30M run inherited the demo's 16384-token cache and its engine retracted requests."""
+    for size in bench.SIZES.values():
+        job = C.load(["experiment=demo", f"rollout.max_total_tokens={size.kv_tokens}",
+                      f"rollout.max_response_length={size.max_new_tokens}"])
+        assert job.rollout.kv_shortfall() is None, size.name

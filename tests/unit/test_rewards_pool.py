@@ -13,7 +13,9 @@ from dapo_megatron.rewards.registry import score_math_dapo, score_sample, scorer
 from tests.conftest import assert_import_is_light
 
 TIMEOUT_S = 1.0
-SLACK_S = 10.0  # replacing two workers (spawn + imports) took 5.4 s in all on the 2 cores at load 5; the hang is 3600 s
+# Replacing two workers (spawn + imports) took 5.4 s in all on the 2 cores at load 5, and 14 s under nice 19
+# beside a benchmark; the bound only has to tell that from the scorer's 3600 s hang.
+SLACK_S = 60.0
 
 
 # Scorers for the tests. They live at module level so the workers can import them by reference.
