@@ -116,12 +116,12 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"launch a multiple of {tp * pp} processes or change parallel.tensor_model_parallel_size / "
             "parallel.pipeline_model_parallel_size.")
     rollout, trainer = job.rollout, job.trainer
-    if rollout.max_prompt_length + rollout.max_response_length > model.max_position_embeddings:
+    longest_row = rollout.max_sequence_tokens
+    if longest_row > model.max_position_embeddings:
         raise ConfigError(
-            f"rollout.max_prompt_length + rollout.max_response_length = "
-            f"{rollout.max_prompt_length + rollout.max_response_length} exceeds model.max_position_embeddings="
-            f"{model.max_position_embeddings}; shorten them or use a model with a longer context.")
-    longest_row = rollout.max_prompt_length + rollout.max_response_length
+            f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} exceeds "
+            f"model.max_position_embeddings={model.max_position_embeddings}; shorten them or use a model with a "
+            "longer context.")
     if trainer.max_tokens_per_micro_batch and trainer.max_tokens_per_micro_batch < longest_row:
         raise ConfigError(
             f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} cannot hold the longest possible "

@@ -425,7 +425,7 @@ def micro_batching(job: JobConfig) -> tuple[int, int]:
     without one, micro_batch_size full-length rows."""
     sequences = job.trainer.ppo_mini_batch_size * job.rollout.n_samples_per_prompt
     per_rank = -(-sequences // data_parallel_size(job))
-    longest = job.rollout.max_prompt_length + job.rollout.max_response_length
+    longest = job.rollout.max_sequence_tokens
     budget = job.trainer.max_tokens_per_micro_batch
     rows = budget // longest if budget else job.trainer.micro_batch_size
     return budget or rows * longest, -(-per_rank // rows)
@@ -483,7 +483,7 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
     return MemoryPlan(capacity=capacity, phases=phases, state=state, state_alternative=state_alternative,
                       activations=act, activations_alternative=activations(recompute_flipped), pp_rank=pp_rank,
                       dp_rank=dp_rank, kv_tokens=kv_tokens,
-                      sequence_tokens=rollout.max_prompt_length + rollout.max_response_length,
+                      sequence_tokens=rollout.max_sequence_tokens,
                       tokens_per_micro_batch=tokens, micro_batches=micro_batches)
 
 

@@ -62,10 +62,15 @@ class RolloutConfig:
     sync_check_tolerance: float = 1e-3
     """Largest allowed |engine - trainer| log-prob on the probe batch (fp32; use ~0.05 for bf16)."""
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The longest rollout: max_prompt_length + max_response_length tokens."""
+        return self.max_prompt_length + self.max_response_length
+
     def kv_shortfall(self) -> str | None:
         """Why the KV cache cannot hold every concurrent request at full length, or None when it can. An upper
         bound: the samples of a group share their prompt's cache entries."""
-        per_request = self.max_prompt_length + self.max_response_length
+        per_request = self.max_sequence_tokens
         needed = self.max_concurrent_requests * per_request
         if needed <= self.max_total_tokens:
             return None
