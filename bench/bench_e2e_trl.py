@@ -119,7 +119,8 @@ class Size:
     same_work_steps: int  # of the run without dynamic sampling that measures throughput on TRL's work
     suffix: str  # of the printed keys
     engine_idle_cores: bool = True  # rollout.cpu_idle_cores: the demo's config turns it off, measured slower there
-    kv_tokens: int = 16384  # rollout.max_total_tokens: the engine's KV cache holds every request in flight
+    kv_tokens: int | None = None  # rollout.max_total_tokens, so the engine's KV cache holds every request in
+    # flight (None: the demo config's, which holds its own)
 
 
 SIZES = {
@@ -160,8 +161,9 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_samplin
                  f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
                  f"eval.every={size.eval_every if dynamic_sampling else 0}", f"eval.num_problems={size.eval_problems}",
                  "trainer.save_every=0", f"trainer.overlap_rollout={str(overlap).lower()}",
-                 f"rollout.cpu_idle_cores={str(size.engine_idle_cores).lower()}",
-                 f"rollout.max_total_tokens={size.kv_tokens}"]
+                 f"rollout.cpu_idle_cores={str(size.engine_idle_cores).lower()}"]
+    if size.kv_tokens is not None:
+        overrides += [f"rollout.max_total_tokens={size.kv_tokens}"]
     # Without dynamic sampling; and in --quick, where an untrained base rarely yields informative groups and a
     # smoke test must not stall on it.
     if args.quick or not dynamic_sampling:

@@ -53,6 +53,6 @@ def test_repeats_below_one_is_refused_before_anything_runs() -> None:
 def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
     """Session 13's ~30M run inherited the demo's 16384-token cache and its engine retracted requests."""
     for size in bench.SIZES.values():
-        job = C.load(["experiment=demo", f"rollout.max_total_tokens={size.kv_tokens}",
-                      f"rollout.max_response_length={size.max_new_tokens}"])
+        kv = [] if size.kv_tokens is None else [f"rollout.max_total_tokens={size.kv_tokens}"]
+        job = C.load(["experiment=demo", *kv, f"rollout.max_response_length={size.max_new_tokens}"])
         assert job.rollout.kv_shortfall() is None, size.name
