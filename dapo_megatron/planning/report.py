@@ -105,6 +105,13 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
              if job.trainer.max_tokens_per_micro_batch else
              f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens")
     kv_tokens = max(plan.kv_tokens, 0)
+    held, concurrency = kv_tokens // plan.sequence_tokens, job.rollout.max_concurrent_requests
+    # Not a problem (SGLang admits what fits and most rollouts stop short of the maximum), but past this
+    # point a long-response batch generates with fewer requests in flight than configured and retractions recompute.
+    queueing = ("" if held >= concurrency else
+                f"; rollout.max_concurrent_requests={concurrency} at full length would need "
+                f"{concurrency * plan.sequence_tokens} tokens: the engine queues the rest and retracts running "
+                "requests when the cache fills")
     return "\n".join([
         f"micro-batch: {shape}, up to {plan.micro_batches} per "
         f"optimizer step and DP rank, {plan.activations.in_flight} in flight",
@@ -113,9 +120,9 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
         f"{other} the distributed optimizer: optimizer {alternative.optimizer / GIB:.2f} GiB, parameters "
         f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
         f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
-        f"engine KV cache: {kv_tokens} tokens per engine = {kv_tokens // plan.sequence_tokens} full-length "
-        f"rollouts ({plan.sequence_tokens} tokens) at once; left for SGLang's activations and CUDA graphs: "
-        f"{(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+        f"engine KV cache: {kv_tokens} tokens per engine = {held} full-length "
+        f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and CUDA "
+        f"graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
     ])
 
 

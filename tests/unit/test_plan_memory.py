@@ -124,6 +124,18 @@ def test_a_full_kv_cache_is_a_problem() -> None:
     assert "KV cache" in plan.problems[-1]
 
 
+def test_report_says_when_the_kv_cache_cannot_hold_every_concurrent_request() -> None:
+    from dapo_megatron.planning.report import format_plan
+
+    plan = M.plan_memory(job())
+    held = plan.kv_tokens // plan.sequence_tokens
+    assert 1 <= held < job().rollout.max_concurrent_requests  # the 32B recipe: ~15 full-length rollouts per engine
+    assert "rollout.max_concurrent_requests=256 at full length would need" in format_plan(job(), plan)
+    # No note where every concurrent request fits at full length.
+    enough = job(f"rollout.max_concurrent_requests={held}")
+    assert "max_concurrent_requests" not in format_plan(enough, M.plan_memory(enough))
+
+
 @pytest.mark.parametrize(("override", "field"), [
     ("parallel.tensor_model_parallel_size=3", "parallel.tensor_model_parallel_size=3"),
     ("parallel.pipeline_model_parallel_size=3", "parallel.pipeline_model_parallel_size=3"),
