@@ -4,6 +4,7 @@ DAPO, same task, base model, batch, response length, learning rate and optimizer
 the same CPU, one after the other.
 
     python bench/bench_e2e_trl.py [--sizes demo large] [--steps N] [--quick] [--json PATH] [--trl-python PY]
+    python bench/bench_e2e_trl.py --sizes large --pairs 3 [--same-work-steps N]    # throughput only
 
 TRL lives in its own virtual environment, never in .venv (see requirements-bench.txt):
     python3.11 -m venv /tmp/benchvenv && /tmp/benchvenv/bin/pip install torch==2.13.0 \
@@ -129,7 +130,7 @@ SIZES = {
                  engine_idle_cores=False),
     "large": Size("large", REPO / "outputs" / "bench_base_30m_columns", LARGE_MODEL, "column_addition", LARGE_WARMUP,
                   prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=2e-5, steps=20,
-                  trl_steps=60, eval_every=5, eval_problems=200, target_acc=0.3, same_work_steps=5, suffix="",
+                  trl_steps=60, eval_every=5, eval_problems=200, target_acc=0.3, same_work_steps=10, suffix="",
                   kv_tokens=65536),
 }
 """The large size's lr and target, from its base at 0.12 held-out: at lr 1e-4 both trainers lost accuracy within
@@ -260,6 +261,27 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "reached_runs": sum(math.isfinite(reached_in(r)) for r in runs) / len(runs), "runs": runs}
 
 
+def throughput_pairs(size: Size, scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`--pairs`: TRL and this project doing the same work (every group trained, generating ahead) for
+    `same_work_steps` rollout steps each, one right after the other, `args.pairs` times: each pair's ratio is
+    measured minutes apart, so the machine's drift over hours moves the pairs, not a ratio. No accuracy runs
+    (TRL evaluates 20 problems at its first and last step only, outside the timed steps)."""
+    size = replace(size, trl_steps=size.same_work_steps, eval_every=size.same_work_steps, eval_problems=20)
+    pairs = []
+    for i in range(args.pairs):
+        folder = scratch / f"pair{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        theirs = trl(size, folder, args)
+        mine = ours(size, folder, args, dynamic_sampling=False, overlap=True)
+        pairs.append({"trl": theirs, "ours_same_work": mine,
+                      "ratio": ratio(mine["trained_samples_per_s"]["median"],
+                                     theirs["trained_samples_per_s"]["median"])})
+        print(f"{size.name} pair {i}: TRL {describe('s/step', theirs['step_seconds'])}; ours "
+              f"{describe('s/step', mine['step_seconds'])}; e2e_throughput_vs_trl {fmt(pairs[-1]['ratio'])}",
+              flush=True)
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
@@ -276,6 +298,11 @@ def main() -> None:
                         help="this project's accuracy run, this many times (same seed: generating ahead, which "
                         "groups a batch keeps depends on timing, so runs differ); time to accuracy is the upper "
                         "median over runs. TRL's run is deterministic here and runs once")
+    parser.add_argument("--same-work-steps", type=int,
+                        help="rollout steps of the same-work (throughput) runs (default: per size)")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="throughput only: this many TRL / this project same-work pairs, one right after the "
+                        "other; no accuracy runs. e2e_throughput_vs_trl is then the median over the pairs' ratios")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")
@@ -285,6 +312,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (this project's accuracy run, that many times); got {args.repeats}")
+    if args.pairs < 0:
+        parser.error(f"--pairs must be at least 0 (0: the accuracy and throughput runs); got {args.pairs}")
     if not Path(args.trl_python).exists():
         parser.error(f"no TRL environment at {args.trl_python}: create it as the docstring says (--help)")
 
@@ -302,8 +331,16 @@ def main() -> None:
                     size = replace(size, base=scratch / "large_base")
                     warmup += ("warmup.max_steps=2", "warmup.eval_size=8")
             size = replace(size, steps=args.steps or size.steps, trl_steps=args.trl_steps or args.steps or size.trl_steps,
-                           target_acc=args.target_acc or size.target_acc)
+                           target_acc=args.target_acc or size.target_acc,
+                           same_work_steps=args.same_work_steps or size.same_work_steps)
             ensure_base(size.base, warmup, task=size.task)
+            if args.pairs:
+                pairs = throughput_pairs(size, scratch, args)
+                results[name] = {"config": {k: str(v) for k, v in vars(size).items()}, "pairs": pairs}
+                ratios = sorted(pair["ratio"] for pair in pairs)
+                summary[f"e2e_throughput_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
+                summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratios[(len(ratios) - 1) // 2]  # lower median
+                continue
             # TRL first, then ours; never both at once (two cores). Ours generates ahead (trainer.overlap_rollout:
             # the engine on one core, the trainer on the other), and once without, for comparison.
             results[name] = {"config": {k: str(v) for k, v in vars(size).items()},

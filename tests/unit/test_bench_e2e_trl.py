@@ -3,9 +3,13 @@ the benchmark: far too slow for a test)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dapo_megatron import config as C
 from tests.conftest import REPO, load_bench_script
@@ -44,10 +48,35 @@ def test_rates_pool_every_runs_steps() -> None:
     assert pooled["runs"] == [quick, slow]
 
 
-def test_repeats_below_one_is_refused_before_anything_runs() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), "--repeats", "0"],
+@pytest.mark.parametrize(("flag", "message"), [("--repeats=0", "--repeats must be at least 1"),
+                                              ("--pairs=-1", "--pairs must be at least 0")])
+def test_bad_counts_are_refused_before_anything_runs(flag: str, message: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), flag],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 2 and "--repeats must be at least 1" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_throughput_pairs_run_both_sides_on_the_same_steps_and_ratio_each_pair(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def trl(size: Any, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+        calls.append(("trl", size, {}))
+        return run(40.0 - 10 * len(calls), [0.2, 0.2])  # 30 s per step in the first pair, 10 s in the second
+
+    def ours(size: Any, scratch: Path, args: argparse.Namespace, **how: Any) -> dict[str, Any]:
+        calls.append(("ours", size, how))
+        return run(20.0, [0.2, 0.2])
+
+    monkeypatch.setattr(bench, "trl", trl)
+    monkeypatch.setattr(bench, "ours", ours)
+    pairs = bench.throughput_pairs(SIZE, tmp_path, argparse.Namespace(pairs=2))
+    assert [side for side, _, _ in calls] == ["trl", "ours", "trl", "ours"]
+    # Both sides run the same-work step count; this project without dynamic sampling, generating ahead.
+    assert all(size.trl_steps == size.same_work_steps == SIZE.same_work_steps for _, size, _ in calls)
+    assert all(how == {"dynamic_sampling": False, "overlap": True} for side, _, how in calls if side == "ours")
+    assert [pair["ratio"] for pair in pairs] == pytest.approx([30.0 / 20.0, 10.0 / 20.0])
+    assert all((tmp_path / f"pair{i}").is_dir() for i in range(2))
 
 
 def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
