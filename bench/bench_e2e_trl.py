@@ -302,7 +302,7 @@ def main() -> None:
                         help="rollout steps of the same-work (throughput) runs (default: per size)")
     parser.add_argument("--pairs", type=int, default=0,
                         help="throughput only: this many TRL / this project same-work pairs, one right after the "
-                        "other; no accuracy runs. e2e_throughput_vs_trl is then the median over the pairs' ratios")
+                        "other; no accuracy runs. e2e_throughput_vs_trl is then the lower median of the pairs' ratios")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")
