@@ -105,12 +105,12 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
              if job.trainer.max_tokens_per_micro_batch else
              f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens")
     kv_tokens = max(plan.kv_tokens, 0)
-    held, concurrency = kv_tokens // plan.sequence_tokens, job.rollout.max_concurrent_requests
+    held = kv_tokens // plan.sequence_tokens
     # Not a problem (SGLang admits what fits and most rollouts stop short of the maximum), but past this
     # point a long-response batch generates with fewer requests in flight than configured and retractions recompute.
-    queueing = ("" if held >= concurrency else
-                f"; rollout.max_concurrent_requests={concurrency} at full length would need "
-                f"{concurrency * plan.sequence_tokens} tokens: the engine queues the rest and retracts running "
+    queueing = ("" if kv_tokens >= job.rollout.max_in_flight_tokens else
+                f"; rollout.max_concurrent_requests={job.rollout.max_concurrent_requests} at full length would "
+                f"need {job.rollout.max_in_flight_tokens} tokens: the engine queues the rest and retracts running "
                 "requests when the cache fills")
     return "\n".join([
         f"micro-batch: {shape}, up to {plan.micro_batches} per "

@@ -67,11 +67,16 @@ class RolloutConfig:
         """The longest rollout: max_prompt_length + max_response_length tokens."""
         return self.max_prompt_length + self.max_response_length
 
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """The KV cache one engine needs for all its max_concurrent_requests at full length. An upper bound:
+        the samples of a group share their prompt's cache entries."""
+        return self.max_concurrent_requests * self.max_sequence_tokens
+
     def kv_shortfall(self) -> str | None:
-        """Why the KV cache cannot hold every concurrent request at full length, or None when it can. An upper
-        bound: the samples of a group share their prompt's cache entries."""
-        per_request = self.max_sequence_tokens
-        needed = self.max_concurrent_requests * per_request
+        """Why the CPU engine's KV cache (max_total_tokens) cannot hold every concurrent request at full
+        length, or None when it can."""
+        per_request, needed = self.max_sequence_tokens, self.max_in_flight_tokens
         if needed <= self.max_total_tokens:
             return None
         return (f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} of "
