@@ -334,17 +334,17 @@ def main() -> None:
                            target_acc=args.target_acc or size.target_acc,
                            same_work_steps=args.same_work_steps or size.same_work_steps)
             ensure_base(size.base, warmup, task=size.task)
+            config = {k: str(v) for k, v in vars(size).items()}
             if args.pairs:
                 pairs = throughput_pairs(size, scratch, args)
-                results[name] = {"config": {k: str(v) for k, v in vars(size).items()}, "pairs": pairs}
+                results[name] = {"config": config, "pairs": pairs}
                 ratios = sorted(pair["ratio"] for pair in pairs)
                 summary[f"e2e_throughput_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
                 summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratios[(len(ratios) - 1) // 2]  # lower median
                 continue
             # TRL first, then ours; never both at once (two cores). Ours generates ahead (trainer.overlap_rollout:
             # the engine on one core, the trainer on the other), and once without, for comparison.
-            results[name] = {"config": {k: str(v) for k, v in vars(size).items()},
-                             "trl": trl(size, scratch, args),
+            results[name] = {"config": config, "trl": trl(size, scratch, args),
                              "ours": over_runs([ours(size, scratch, args, overlap=True, run=i)
                                                 for i in range(args.repeats)]),
                              "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
