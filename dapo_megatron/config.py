@@ -171,6 +171,12 @@ def _validate_low_precision(job: JobConfig) -> None:
         raise ConfigError("model.fp8.param_gather=true keeps only FP8 weights in the model and needs the "
                           "distributed optimizer for the fp32 master weights; set parallel.use_distributed_optimizer=true "
                           "or model.fp8.param_gather=false.")
+    if model.fp8.enabled and model.fp8.param_gather:
+        # The weight sync would read FP8 tensors (data plus scales) where it expects the engine's dtype, and no
+        # GPU run has checked a dequantising path yet.
+        raise ConfigError("model.fp8.param_gather=true keeps the layer weights as FP8 tensors, and the weight sync "
+                          "would send them to the engine undequantised (its weights are in rollout.dtype); set "
+                          "model.fp8.param_gather=false (FP8 compute with model.fp8.enabled=true still works).")
     layers_per_stage = model.num_layers // par.pipeline_model_parallel_size
     if model.fp8.enabled and model.fp8.first_last_layers_bf16:
         for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):

@@ -85,6 +85,9 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
      "old_log_prob_source=rollout takes pi_old from the engine, but rollout.sync_check=off leaves"),
     (["algo.old_log_prob_source=rollout", "rollout.quantization=fp8"], 1,
      "but rollout.quantization=fp8 samples from a quantized copy .*; set algo.old_log_prob_source=trainer$"),
+    (["model.fp8.enabled=true", "model.fp8.param_gather=true", "parallel.use_distributed_optimizer=true"], 1,
+     "model.fp8.param_gather=true .* sync would send them to the engine undequantised .*; set "
+     "model.fp8.param_gather=false"),
 ])
 def test_impossible_configs_name_the_field(overrides: list[str], world: int, message: str) -> None:
     with pytest.raises(C.ConfigError, match=message):
