@@ -27,16 +27,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from dapo_megatron.algo.logprobs import vocab_parallel_logprobs  # noqa: E402
+from dapo_megatron.algo.logprobs import reference_logprobs, vocab_parallel_logprobs  # noqa: E402
 
 TEMPERATURE = 0.9
-
-
-def naive_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense reference: full-vocab float32 log_softmax, gather and entropy (``[tokens]`` each)."""
-    log_probs = torch.log_softmax(logits.float() / TEMPERATURE, dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
-    return log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1), entropy
 
 
 def run_path(
@@ -50,7 +43,7 @@ def run_path(
 
     def step() -> None:
         if path == "naive":
-            log_prob, entropy = naive_logprobs(logits, labels)
+            log_prob, entropy = reference_logprobs(logits, labels, temperature=TEMPERATURE)
         else:
             log_prob, entropy = vocab_parallel_logprobs(
                 logits, labels, temperature=TEMPERATURE, chunk_size=chunk_size

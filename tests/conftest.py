@@ -26,19 +26,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def load_bench_script(stem: str) -> ModuleType:
-    """bench/STEM.py as a module. bench/ is not a package: its scripts run as files and import their helpers
-    (trainer_runs) as top-level modules, so bench/ is on the path while it loads."""
-    sys.path.insert(0, str(REPO / "bench"))
+def load_script(path: Path) -> ModuleType:
+    """A script (tools/*.py, bench/*.py) as a module; its folder is on the path while it loads, so the
+    top-level imports of its neighbours (bench/trainer_runs) resolve."""
+    sys.path.insert(0, str(path.parent))
     try:
-        spec = importlib.util.spec_from_file_location(f"bench_script_{stem}", REPO / "bench" / f"{stem}.py")
+        spec = importlib.util.spec_from_file_location(f"script_{path.parent.name}_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # dataclasses look their module up while the class is being built
         spec.loader.exec_module(module)
         return module
     finally:
-        sys.path.remove(str(REPO / "bench"))
+        sys.path.remove(str(path.parent))
+
+
+def load_bench_script(stem: str) -> ModuleType:
+    """bench/STEM.py as a module (bench/ is not a package: its scripts run as files)."""
+    return load_script(REPO / "bench" / f"{stem}.py")
 
 
 

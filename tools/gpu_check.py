@@ -1,24 +1,43 @@
 #!/usr/bin/env python
-"""Run this first on a GPU machine: a few DAPO training steps of a Qwen2 policy with random weights (no
-download), in bf16 and, where Transformer Engine and a Hopper-or-newer GPU exist, in FP8; reports step
-time, tokens/s and MFU for each.
+"""Run this first on a new GPU machine: the trainer's GPU paths, each one checked and timed, in a few minutes.
 
-    python tools/gpu_check.py [--steps 5] [--batch-size 8] [--seq-length 2048] [hydra overrides]
+    python tools/gpu_check.py [--steps 5] [--batch-size 8] [--seq-length 2048] [--skip-engine] [hydra overrides]
     torchrun --nproc-per-node 8 tools/gpu_check.py model=qwen2.5-7b parallel.tensor_model_parallel_size=4
 
-The model defaults to Qwen2.5-0.5B's shapes (`model=...` picks another config group, `model.num_layers=4`
-shrinks one). The steps go through the trainer's own path: the TE layer spec, megatron DDP, the
-optimizer, and `Actor.train_step` (the DAPO loss through megatron-core's schedule). FP8 uses the
-`model.fp8.*` settings (recipe, format, ...) with `enabled` forced on. MFU counts model FLOPs as in
-`dapo_megatron/flops.py` against the dense peak of the precision used. Exits 2 without a GPU.
+Stages, one line each (`ok`, `skipped: why`, or `FAILED: error`), on a Qwen2 policy with random weights
+(Qwen2.5-0.5B's shapes unless `model=...`; nothing is downloaded):
+
+1. environment: torch, CUDA, the GPU, megatron-core, Transformer Engine, SGLang; that the CPU compatibility
+   layer is off (megatron-core runs untouched on CUDA).
+2. bf16: DAPO training steps through the trainer's own path (megatron DDP, the optimizer, `Actor.train_step`:
+   the DAPO loss through megatron-core's schedule): step time, tokens/s, MFU (`dapo_megatron/flops.py`),
+   peak memory.
+3. log-probs: the chunked vocab-parallel log-prob/entropy kernel against the naive full-vocab computation on
+   the model's vocabulary: largest difference, and the peak memory of each (forward + backward).
+4. fp8: the same steps with Transformer Engine FP8 layers (`model.fp8.*`, `enabled` forced on); needs TE and a
+   Hopper-or-newer GPU.
+5. engine: the policy exported to Hugging Face format, loaded back through the trainer's HF path, a colocated
+   SGLang engine started as the trainer starts it, its memory released for a training step and resumed, the
+   new weights pushed (`rollout.sync_method`), and the engine's log-probs on a probe batch compared with the
+   trainer's; then a short generation. Needs SGLang.
+
+It runs what this machine can and says what it skipped and why: a machine with only a CUDA build of torch and
+megatron-core runs stages 1-3. Exit status: 0 when no stage failed, 1 when one did, 2 without a GPU.
+`--allow-cpu` runs the same stages on the CPU in fp32 (for tests and laptops: no MFU, no GPU memory).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import importlib.util
 import sys
+import tempfile
 import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -31,6 +50,40 @@ from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.trainer.actor import PolicyRows
 
 DEFAULT_MODEL = "qwen2.5-0.5b"
+ENGINE_OVERRIDES = ("rollout.max_prompt_length=64", "rollout.max_response_length=16", "eval.num_problems=8",
+                    "eval.samples_per_problem=1", "eval.temperature=0.0", "rollout.sync_check=off")
+"""The engine stage's rollouts: a few short greedy generations, so the stage is about start-up and sync (checked
+once, by the stage itself)."""
+BF16_SYNC_TOLERANCE = 0.05
+"""Engine against trainer, both bf16 with different kernels, unless `rollout.sync_check_tolerance` is given: the
+log-probs of a random policy sit near -log(vocab), and bf16 logits differ by about 1e-3 relative."""
+GIB = 2.0**30
+
+
+class Skip(Exception):
+    """A stage that cannot run on this machine; the message says why."""
+
+
+@dataclasses.dataclass
+class Check:
+    """What the stages share: the job, this process's layout, and the command line."""
+
+    job: JobConfig
+    layout: ParallelLayout
+    args: argparse.Namespace
+    workdir: Path
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.layout.device.type == "cuda"
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.on_gpu else "fp32"
+
+    def policy_config(self, *, fp8_enabled: bool = False) -> ModelConfig:
+        return dataclasses.replace(self.job.model, params_dtype="bfloat16" if self.on_gpu else "float32",
+                                   fp8=dataclasses.replace(self.job.model.fp8, enabled=fp8_enabled))
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -39,7 +92,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step on each DP rank")
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--seq-length", type=int, default=2048, help="tokens per sequence (half prompt, half response)")
-    return parser.parse_known_args(argv)
+    parser.add_argument("--logprob-tokens", type=int, default=4096, help="tokens in the log-prob kernel check")
+    parser.add_argument("--skip-engine", action="store_true", help="leave out the SGLang engine stage")
+    parser.add_argument("--workdir", help="where the engine stage writes its HF export (default: the system's "
+                        "temporary directory; on several nodes, a shared filesystem)")
+    parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU when no GPU is visible (fp32)")
+    args, overrides = parser.parse_known_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.seq_length < 4 or args.batch_size % args.micro_batch_size:
+        parser.error("--steps and --batch-size must be >= 1, --seq-length >= 4, and --batch-size a multiple of "
+                     "--micro-batch-size")
+    return args, overrides
 
 
 def random_rows(batch_size: int, seq_length: int, vocab_size: int, seed: int) -> PolicyRows:
@@ -52,85 +114,247 @@ def random_rows(batch_size: int, seq_length: int, vocab_size: int, seed: int) ->
     return PolicyRows(tokens=tokens, response_mask=response_mask, advantages=advantages)
 
 
-def measure(job: JobConfig, model_cfg: ModelConfig, layout: ParallelLayout, args: argparse.Namespace) -> float:
-    """Seconds per optimizer step, the median of `args.steps` after one untimed step."""
+def _package_version(distribution: str, module: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:  # source builds in NVIDIA's containers
+        return getattr(importlib.import_module(module), "__version__", "unknown")
+
+
+def _synchronize(check: Check) -> None:
+    if check.on_gpu:
+        torch.cuda.synchronize()
+
+
+def _reset_peak(check: Check) -> None:
+    if check.on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(check: Check) -> str:
+    return f"peak {torch.cuda.max_memory_allocated() / GIB:.1f} GiB" if check.on_gpu else "peak memory: CUDA only"
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+
+def stage_environment(check: Check) -> str:
+    from dapo_megatron.distributed import cpu_compat
+
+    if check.on_gpu and cpu_compat.active():
+        raise RuntimeError("the CPU compatibility layer is active on a CUDA machine: megatron-core would run on "
+                           "redirected devices")
+    versions = {"torch": torch.__version__, "megatron-core": _package_version("megatron-core", "megatron.core"),
+                "transformer-engine": _package_version("transformer-engine", "transformer_engine"),
+                "sglang": _package_version("sglang", "sglang")}
+    parts = [f"{name} {version or 'not installed'}" for name, version in versions.items()]
+    if check.on_gpu:
+        major, minor = torch.cuda.get_device_capability()
+        parts.insert(1, f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} x {torch.cuda.get_device_name()} "
+                        f"(compute capability {major}.{minor}, "
+                        f"{torch.cuda.get_device_properties(0).total_memory / GIB:.0f} GiB)")
+    else:
+        parts.insert(1, f"CPU ({torch.get_num_threads()} threads), CPU compatibility layer "
+                        f"{'on' if cpu_compat.active() else 'off'}")
+    return "; ".join(parts)
+
+
+def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
+    """Median seconds of `--steps` optimizer steps (after one untimed) and what they achieved."""
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
+    job, layout, args = check.job, check.layout, check.args
+    _reset_peak(check)
     model = wrap_for_training(build_gpt_model(model_cfg, job.parallel, layout), job.parallel)
     optimizer, scheduler = build_optimizer(model, job.optim, job.parallel, model_cfg)
     actor = Actor(model, optimizer, scheduler, job.algo, layout, vocab_size=model_cfg.vocab_size)
     rows = random_rows(args.batch_size, args.seq_length, model_cfg.vocab_size, seed=job.seed + layout.dp_rank)
     times = []
     for _ in range(args.steps + 1):
-        torch.cuda.synchronize()
+        _synchronize(check)
         started = time.perf_counter()
-        actor.train_step(rows, args.micro_batch_size)
-        torch.cuda.synchronize()
+        metrics = actor.train_step(rows, args.micro_batch_size)
+        _synchronize(check)
         times.append(time.perf_counter() - started)
+    peak = _peak(check)
     del actor, model, optimizer
-    torch.cuda.empty_cache()
-    return sorted(times[1:])[len(times[1:]) // 2]
-
-
-def report(precision: str, seconds: float, model_cfg: ModelConfig, layout: ParallelLayout,
-           args: argparse.Namespace) -> str:
+    seconds = sorted(times[1:])[len(times[1:]) // 2]
     lengths = [args.seq_length] * args.batch_size * layout.dp_size
     tokens_per_s = sum(lengths) / seconds
-    line = (f"{precision:>4}: {seconds * 1e3:8.1f} ms/step | {tokens_per_s:10,.0f} tokens/s "
-            f"({tokens_per_s / layout.world_size:,.0f} per GPU)")
-    peak = flops.peak_tflops(torch.cuda.get_device_name(), precision)
-    if peak is None:
-        return line + f" | MFU unknown: no {precision} peak for {torch.cuda.get_device_name()} in flops.PEAK_TFLOPS"
+    line = (f"{seconds * 1e3:.1f} ms/step, {tokens_per_s:,.0f} tokens/s ({tokens_per_s / layout.world_size:,.0f} "
+            f"per device), pg_loss {metrics['pg_loss']:.4f}, grad_norm {metrics['grad_norm']:.3f}, {peak}")
+    if not check.on_gpu:
+        return line
+    peak_tflops = flops.peak_tflops(torch.cuda.get_device_name(), precision)
+    if peak_tflops is None:
+        return f"{line}; MFU unknown: no {precision} peak for {torch.cuda.get_device_name()} in flops.PEAK_TFLOPS"
     utilisation = flops.mfu(flops.training_flops(model_cfg, lengths), seconds, num_gpus=layout.world_size,
-                            peak_tflops_per_gpu=peak)
-    return line + f" | MFU {utilisation:.1%} of {peak:.0f} TFLOP/s"
+                            peak_tflops_per_gpu=peak_tflops)
+    return f"{line}; MFU {utilisation:.1%} of {peak_tflops:.0f} TFLOP/s"
 
 
-def fp8_model(job: JobConfig, world_size: int) -> tuple[ModelConfig | None, str]:
-    """The FP8 variant of the model, or None and why FP8 cannot run here."""
-    model_cfg = dataclasses.replace(job.model, fp8=dataclasses.replace(job.model.fp8, enabled=True))
+def stage_train(check: Check) -> str:
+    return train_steps(check, check.policy_config(), check.precision)
+
+
+def stage_logprobs(check: Check) -> str:
+    """The kernel the loss uses against `reference_logprobs`, on this rank's device, unsharded."""
+    from dapo_megatron.algo.logprobs import reference_logprobs, vocab_parallel_logprobs
+
+    device, vocab = check.layout.device, check.job.model.vocab_size
+    dtype = torch.bfloat16 if check.on_gpu else torch.float32
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(check.args.logprob_tokens, vocab, generator=generator) * 3).to(device, dtype)
+    labels = torch.randint(0, vocab, (check.args.logprob_tokens,), generator=generator).to(device)
+    results = {}
+    for name, fn in (("naive", reference_logprobs), ("chunked", vocab_parallel_logprobs)):
+        leaf = logits.detach().requires_grad_()
+        _reset_peak(check)
+        before = torch.cuda.memory_allocated() if check.on_gpu else 0
+        _synchronize(check)
+        started = time.perf_counter()
+        log_prob, entropy = fn(leaf, labels, temperature=0.9)
+        (log_prob.sum() + entropy.sum()).backward()
+        _synchronize(check)
+        seconds = time.perf_counter() - started
+        peak = torch.cuda.max_memory_allocated() - before if check.on_gpu else None
+        results[name] = (log_prob.detach().float(), leaf.grad.float(), seconds, peak)
+        del log_prob, entropy, leaf
+    (naive_lp, naive_grad, naive_s, naive_peak), (lp, grad, chunked_s, chunked_peak) = results["naive"], results["chunked"]
+    lp_gap, grad_gap = (lp - naive_lp).abs().max().item(), (grad - naive_grad).abs().max().item()
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    if not (lp_gap <= tolerance and grad_gap <= tolerance):
+        raise RuntimeError(f"the chunked kernel differs from the naive computation: log-prob by {lp_gap:.3g}, "
+                           f"gradient by {grad_gap:.3g} (tolerance {tolerance:g})")
+    line = (f"[{check.args.logprob_tokens}, {vocab}] {dtype}: max |diff| log-prob {lp_gap:.2e}, grad {grad_gap:.2e}; "
+            f"fwd+bwd {chunked_s * 1e3:.0f} ms vs naive {naive_s * 1e3:.0f} ms")
+    if naive_peak is None:
+        return f"{line}; peak memory: CUDA only (bench/bench_logprobs.py measures it on CPU)"
+    return (f"{line}; peak above inputs {chunked_peak / GIB:.2f} GiB vs naive {naive_peak / GIB:.2f} GiB "
+            f"({chunked_peak / naive_peak:.2f}x)")
+
+
+def stage_fp8(check: Check) -> str:
+    model_cfg = check.policy_config(fp8_enabled=True)
     try:
-        job_config.validate(dataclasses.replace(job, model=model_cfg), world_size)
+        job_config.validate(dataclasses.replace(check.job, model=model_cfg), check.layout.world_size)
         fp8.check_environment(model_cfg.fp8, fp8.detect_environment(), transformer_impl=model_cfg.transformer_impl)
     except (job_config.ConfigError, RuntimeError) as error:
-        return None, str(error)
-    return model_cfg, ""
+        raise Skip(str(error)) from error
+    return train_steps(check, model_cfg, "fp8")
+
+
+def stage_engine(check: Check) -> str:
+    """The colocated engine as the trainer runs it: start, release, train, resume, push, compare, generate."""
+    if check.args.skip_engine:
+        raise Skip("--skip-engine")
+    if importlib.util.find_spec("sglang") is None:
+        raise Skip("SGLang is not installed (requirements-sglang.txt, README 'Clusters')")
+    from dapo_megatron.data import char_tokenizer
+    from dapo_megatron.models.qwen2 import build_gpt_model
+    from dapo_megatron.models.weights import export_hf
+    from dapo_megatron.trainer.setup import Session
+
+    layout = check.layout
+    hf_dir = check.workdir / "policy_hf"
+    # A random policy exported as the HF directory a job starts from; the character tokenizer stands in for
+    # Qwen's (prompts and probes are token ids either way; nothing is downloaded).
+    model_cfg = dataclasses.replace(check.policy_config(), hf_dir=str(hf_dir))
+    if layout.is_logging_rank:
+        char_tokenizer.save(check.workdir / "tokenizer")
+    torch.distributed.barrier()
+    export_hf(build_gpt_model(model_cfg, check.job.parallel, layout), model_cfg, layout, hf_dir,
+              tokenizer_dir=check.workdir / "tokenizer")
+    torch.distributed.barrier()
+    overrides = [*check.args.overrides, *ENGINE_OVERRIDES, f"model.hf_dir={hf_dir}",
+                 f"output_dir={check.workdir / 'engine_run'}", "trainer.resume=never",
+                 f"model.params_dtype={model_cfg.params_dtype}"]
+    if check.on_gpu and not any(o.startswith("rollout.sync_check_tolerance=") for o in overrides):
+        overrides.append(f"rollout.sync_check_tolerance={BF16_SYNC_TOLERANCE}")
+    job = job_config.load(overrides, world_size=layout.world_size)
+    timings = {}
+    started = time.perf_counter()
+    with Session(job, layout) as session:
+        timings["start"] = time.perf_counter() - started
+        session.release_rollout_memory()
+        rows = random_rows(check.args.micro_batch_size, 64, len(char_tokenizer.VOCAB), seed=job.seed)
+        session.actor.train_step(rows, check.args.micro_batch_size)
+        started = time.perf_counter()
+        session.sync_weights(1)
+        timings["sync"] = time.perf_counter() - started
+        gap = session.check_sync("step-1")
+        started = time.perf_counter()
+        metrics = session.evaluate()
+        timings["generate"] = time.perf_counter() - started
+    generated = (f", {job.eval.num_problems} greedy generations (mean length {metrics['eval/response_length']:.1f})"
+                 if metrics else "")
+    return (f"started in {timings['start']:.0f} s, weights pushed in {timings['sync']:.1f} s "
+            f"({job.rollout.sync_method}), probe log-probs within {gap:.2e} of the trainer's "
+            f"(tolerance {job.rollout.sync_check_tolerance:g}){generated} in {timings['generate']:.1f} s")
+
+
+STAGES: dict[str, Callable[[Check], str]] = {
+    "environment": stage_environment, "bf16": stage_train, "log-probs": stage_logprobs, "fp8": stage_fp8,
+    "engine": stage_engine,
+}
+
+
+def run_stages(check: Check, stages: dict[str, Callable[[Check], str]] = STAGES) -> dict[str, str]:
+    """Each stage's status line (`ok: ...`, `skipped: ...`, `FAILED: ...`), printed as it finishes."""
+    results = {}
+    for name, stage in stages.items():
+        label = "fp32" if name == "bf16" and not check.on_gpu else name
+        started = time.perf_counter()
+        try:
+            detail = stage(check)
+            status = f"ok ({time.perf_counter() - started:.0f} s): {detail}"
+        except Skip as reason:
+            status = f"skipped: {reason}"
+        except Exception as error:  # a failed stage must not hide the ones after it
+            status = f"FAILED: {type(error).__name__}: {error}"
+            if check.layout.is_logging_rank:
+                traceback.print_exc()
+        results[name] = status
+        if check.layout.is_logging_rank:
+            print(f"gpu_check {label:>11}: {status}", flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.allow_cpu:
         print("gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a GPU "
-              "node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, 'Clusters').",
-              file=sys.stderr)
+              "node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, 'Clusters'), or "
+              "pass --allow-cpu to run the stages on the CPU.", file=sys.stderr)
         return 2
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
 
     if not any(override.startswith("model=") for override in overrides):
         overrides = [f"model={DEFAULT_MODEL}", *overrides]
+    args.overrides = overrides
     world_size = process_env().world_size
     job = job_config.load(overrides, world_size=world_size)
-    bf16_model = dataclasses.replace(job.model, params_dtype="bfloat16",
-                                     fp8=dataclasses.replace(job.model.fp8, enabled=False))
-    fp8_cfg, fp8_problem = fp8_model(job, world_size)
     layout = initialize(job.parallel, job.seed)
     try:
-        lines = [f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul parameters), "
-                 f"{layout.describe()}, {torch.cuda.get_device_name()}; {args.batch_size} x {args.seq_length} tokens "
-                 f"per DP rank and step, micro-batch {args.micro_batch_size}"]
-        lines.append(report("bf16", measure(job, bf16_model, layout, args), bf16_model, layout, args))
-        if fp8_cfg is None:
-            lines.append(f" fp8: skipped: {fp8_problem}")
-        else:
-            lines.append(report("fp8", measure(job, fp8_cfg, layout, args), fp8_cfg, layout, args))
-        if layout.is_logging_rank:
-            print("\n".join(lines), flush=True)
+        with tempfile.TemporaryDirectory(prefix="gpu_check_", dir=args.workdir) as scratch:
+            # Every rank works in rank 0's directory: the engine stage's HF export is read by all of them.
+            shared = [scratch]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            check = Check(job=job, layout=layout, args=args, workdir=Path(shared[0]))
+            if layout.is_logging_rank:
+                print(f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul "
+                      f"parameters), {layout.describe()}; {args.batch_size} x {args.seq_length} tokens per DP rank "
+                      f"and step, micro-batch {args.micro_batch_size}", flush=True)
+            results = run_stages(check)
+            torch.distributed.barrier()  # rank 0's directory outlives every rank's use of it
     finally:
         shutdown()
-    return 0
+    return 1 if any(status.startswith("FAILED") for status in results.values()) else 0
 
 
 if __name__ == "__main__":

@@ -95,6 +95,17 @@ def vocab_parallel_logprobs(
     return log_prob, entropy.view(labels.shape) if compute_entropy else None
 
 
+def reference_logprobs(logits: Tensor, labels: Tensor, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The definition `vocab_parallel_logprobs` computes, written the naive way a plain PyTorch trainer does:
+    a full-vocab float32 ``log_softmax(logits / T)``, the label's entry and ``-Σ p·log p``; autograd keeps
+    the full-vocab float32 tensors for backward. ``logits`` ``[*, V]`` (every column real), ``labels``
+    ``[*]`` -> float32 ``(log_prob, entropy)`` ``[*]``. The baseline of the kernel's memory and time checks
+    (`tools/gpu_check.py`, `bench/bench_logprobs.py`)."""
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    return log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1), entropy
+
+
 def _chunks(num_tokens: int, chunk_size: int) -> range:
     """Start offsets of the token chunks."""
     return range(0, num_tokens, chunk_size)

@@ -274,19 +274,23 @@ class Session:
             self._released = False
         mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
         if mode == "always" or (mode == "first" and (self._last_check < 0 or step - self._last_check >= every)):
-            self._check(version)
+            self.check_sync(version)
             self._last_check = step
         return time.perf_counter() - started
 
-    def _check(self, version: str) -> None:
+    def check_sync(self, version: str) -> float:
+        """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError beyond
+        rollout.sync_check_tolerance. Collective; returns the largest difference (0.0 off the driving rank)."""
         # SGLang scores given tokens untempered, so compare at temperature 1.
         trainer = self.actor.compute_log_probs(self.probe, self.job.trainer.micro_batch_size, temperature=1.0)
         if not self.layout.is_logging_rank:
-            return
+            return 0.0
+        gaps = [0.0]
         for index, url in enumerate(self.client.urls):  # each engine got its weights its own way
             engine = engine_log_probs(self.client, self._probe_prompts, self._probe_continuations, engine=index)
-            check_sync(trainer, engine, self.probe.response_mask, tolerance=self.job.rollout.sync_check_tolerance,
-                       version=version, engine=url)
+            gaps.append(check_sync(trainer, engine, self.probe.response_mask,
+                                   tolerance=self.job.rollout.sync_check_tolerance, version=version, engine=url))
+        return max(gaps)
 
     def evaluate(self) -> dict[str, float]:
         if not self.layout.is_logging_rank:

@@ -1,0 +1,68 @@
+"""tools/gpu_check.py: every stage a CPU can run, for real (megatron-core on gloo, a real SGLang engine), and the
+bookkeeping that keeps one failed stage from hiding the others. The CUDA-only measurements (MFU, GPU memory,
+FP8) are what is left for a GPU; the README's GPU table says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, load_script
+
+gpu_check = load_script(REPO / "tools" / "gpu_check.py")
+
+
+@pytest.mark.sglang
+def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "tools/gpu_check.py", "--allow-cpu", "--steps", "1", "--batch-size", "4",
+         "--micro-batch-size", "2", "--seq-length", "32", "--logprob-tokens", "256", "--workdir", str(tmp_path),
+         "model=tiny", "rollout.startup_timeout_s=300"],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = {line.split(":")[0].split()[-1]: line for line in proc.stdout.splitlines()
+             if line.startswith("gpu_check ")}
+    assert "ok" in lines["environment"] and "megatron-core 0.16.1" in lines["environment"]
+    assert "CPU compatibility layer on" in lines["environment"]
+    assert "ok" in lines["fp32"] and "ms/step" in lines["fp32"]
+    assert "ok" in lines["log-probs"] and "max |diff|" in lines["log-probs"]
+    assert "skipped: model.fp8.enabled=true needs a CUDA GPU" in lines["fp8"]
+    # The engine got the weights after a training step: its log-probs agree with the trainer's (fp32).
+    assert "ok" in lines["engine"] and "probe log-probs within" in lines["engine"], lines["engine"]
+    gap = float(lines["engine"].split("probe log-probs within ")[1].split()[0])
+    assert gap <= 1e-3
+    assert not list(tmp_path.iterdir()), "the check left files behind"
+
+
+def test_without_a_gpu_it_says_so_and_exits_2() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "tools/gpu_check.py"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert "no CUDA GPU is visible" in proc.stderr and "--allow-cpu" in proc.stderr
+
+
+class _Layout:
+    is_logging_rank = True
+    device = torch.device("cpu")
+
+
+def test_a_failed_stage_is_reported_and_the_next_ones_still_run(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(check: object) -> str:
+        raise ValueError("boom")
+
+    def unavailable(check: object) -> str:
+        raise gpu_check.Skip("no such thing here")
+
+    check = gpu_check.Check(job=None, layout=_Layout(), args=None, workdir=Path("."))  # type: ignore[arg-type]
+    results = gpu_check.run_stages(check, {"first": broken, "second": unavailable, "third": lambda c: "fine"})
+    assert results["first"] == "FAILED: ValueError: boom"
+    assert results["second"] == "skipped: no such thing here"
+    assert results["third"].startswith("ok (") and results["third"].endswith("fine")
+    printed = capsys.readouterr().out
+    assert "gpu_check       first: FAILED: ValueError: boom" in printed
