@@ -23,20 +23,24 @@ def read_hf_config(hf_dir: Path | str) -> dict:
     return json.loads(config_file.read_text())
 
 
-def load_hf_state(hf_dir: Path | str) -> dict[str, torch.Tensor]:
-    """Every tensor of a Hugging Face safetensors checkpoint (one file or an index of shards)."""
+def checkpoint_files(hf_dir: Path | str) -> list[Path]:
+    """The safetensors files of a Hugging Face directory (one file or an index of shards)."""
     hf_dir = Path(hf_dir)
     index = hf_dir / INDEX_FILE
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (hf_dir / SINGLE_FILE).exists():
-        files = [SINGLE_FILE]
-    else:
-        raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}; only safetensors checkpoints "
-                                "are supported (convert .bin files with transformers' save_pretrained first)")
+        return [hf_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (hf_dir / SINGLE_FILE).exists():
+        return [hf_dir / SINGLE_FILE]
+    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}; only safetensors checkpoints "
+                            "are supported (convert .bin files with transformers' save_pretrained first)")
+
+
+def load_hf_state(hf_dir: Path | str) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face safetensors checkpoint, in memory at once (for small models and tests;
+    `safetensors_reader` reads one rank's slices)."""
     state: dict[str, torch.Tensor] = {}
-    for name in files:
-        with safe_open(hf_dir / name, framework="pt") as f:
+    for file in checkpoint_files(hf_dir):
+        with safe_open(file, framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
                 state[key] = f.get_tensor(key)
     return state

@@ -240,16 +240,17 @@ def _split(fusion: _Fusion, tensor: Tensor, cfg: ModelConfig) -> list[Tensor]:
     return [part.flatten(0, 1) for part in groups.split([hpg * d, d, d], dim=1)]
 
 
-def _merge(fusion: _Fusion, parts: list[Tensor], cfg: ModelConfig, padded_vocab: int) -> Tensor:
+def _merge(fusion: _Fusion, parts: list[Tensor], rows: int, groups: int) -> Tensor:
+    """Fuse HF tensors (or the slices of them one TP rank holds) into one Megatron tensor (or its shard):
+    `rows` is the padded vocab rows to fill, `groups` the query groups that `parts` cover."""
     if fusion is _Fusion.NONE:
         return parts[0]
     if fusion is _Fusion.VOCAB:
         (table,) = parts
-        return torch.cat([table, table.new_zeros(padded_vocab - cfg.vocab_size, *table.shape[1:])])
+        return torch.cat([table, table.new_zeros(rows - table.shape[0], *table.shape[1:])])
     if fusion is _Fusion.GATE_UP:
         return torch.cat(parts)
-    ng = cfg.num_query_groups
-    return torch.cat([part.unflatten(0, (ng, -1)) for part in parts], dim=1).flatten(0, 1)
+    return torch.cat([part.unflatten(0, (groups, -1)) for part in parts], dim=1).flatten(0, 1)
 
 
 def hf_to_megatron(hf_state: Mapping[str, Tensor], cfg: ModelConfig, *,
@@ -269,12 +270,13 @@ def hf_to_megatron(hf_state: Mapping[str, Tensor], cfg: ModelConfig, *,
             raise ValueError("lm_head.weight differs from model.embed_tokens.weight but "
                              "model.tie_word_embeddings is True; set it to False to keep a separate "
                              "output layer.")
-    _check_state(hf_state, hf_param_shapes(cfg), "Hugging Face", _HF_HINT)
+    check_hf_shapes({name: tuple(tensor.shape) for name, tensor in hf_state.items()}, cfg)
     padded_vocab = cfg.padded_vocab_size(tensor_parallel_size)
     megatron = {}
     for name in megatron_param_names(cfg):
         rule, hf_names = _resolve(name, cfg)
-        megatron[name] = _merge(rule.fusion, [hf_state[hf] for hf in hf_names], cfg, padded_vocab)
+        megatron[name] = _merge(rule.fusion, [hf_state[hf] for hf in hf_names], padded_vocab,
+                                cfg.num_query_groups)
     return megatron
 
 
@@ -296,17 +298,26 @@ def _checked_megatron_state(state: Mapping[str, Tensor], cfg: ModelConfig) -> di
         if key is not None and not (key == _OUTPUT_LAYER and cfg.tie_word_embeddings):
             canonical[key] = tensor
     expected = _megatron_shapes(cfg, _vocab_rows(canonical.get(_EMBEDDING), cfg))
-    _check_state(canonical, expected, "Megatron", _MEGATRON_HINT)
+    _check_state({name: tuple(tensor.shape) for name, tensor in canonical.items()}, expected, "Megatron",
+                 _MEGATRON_HINT)
     return canonical
 
 
-def _check_state(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]], kind: str,
+def check_hf_shapes(shapes: Mapping[str, tuple[int, ...]], cfg: ModelConfig) -> None:
+    """Raise ValueError naming every missing, unexpected and wrongly shaped tensor of a Hugging Face
+    checkpoint, given its tensors' shapes. With tied embeddings an `lm_head.weight` is ignored."""
+    if cfg.tie_word_embeddings:
+        shapes = {name: shape for name, shape in shapes.items() if name != "lm_head.weight"}
+    _check_state(shapes, hf_param_shapes(cfg), "Hugging Face", _HF_HINT)
+
+
+def _check_state(shapes: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], kind: str,
                  hint: str) -> None:
     """Raise one ValueError naming every missing, unexpected and wrongly shaped tensor."""
-    missing = [name for name in expected if name not in state]
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{name}: expected {expected[name]}, got {tuple(state[name].shape)}"
-             for name in expected if name in state and tuple(state[name].shape) != expected[name]]
+    missing = [name for name in expected if name not in shapes]
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = [f"{name}: expected {expected[name]}, got {shapes[name]}"
+             for name in expected if name in shapes and tuple(shapes[name]) != expected[name]]
     if not (missing or unexpected or wrong):
         return
     problems = [f"{label} ({len(items)}):\n  " + "\n  ".join(items)
@@ -383,6 +394,53 @@ def gather_tensor_parallel(name: str, shards: Sequence[Tensor]) -> Tensor:
         gates, ups = zip(*(shard.chunk(2) for shard in shards), strict=True)
         return torch.cat([*gates, *ups])
     return torch.cat(list(shards), dim=dim)
+
+
+@dataclass(frozen=True)
+class HFSlice:
+    """Indices [start, stop) of the Hugging Face tensor `name` along `dim`; the whole tensor when `dim` is None."""
+
+    name: str
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+
+
+def hf_slices_for_shard(name: str, cfg: ModelConfig, tp_size: int, tp_rank: int) -> list[HFSlice]:
+    """The parts of HF tensors that TP rank `tp_rank` needs for its shard of the canonical Megatron
+    parameter `name`, and nothing more; `shard_from_hf_slices` assembles them.
+
+    linear_qkv: per owned query group, its q/k/v rows, i.e. one row range of each of q_proj, k_proj, v_proj;
+    linear_fc1: the same row range of gate_proj and up_proj; linear_proj / linear_fc2: a column range;
+    embedding / output layer: the rank's vocab rows that exist in HF (the padding rows are zeros).
+    """
+    rule, hf_names = _resolve(name, cfg)
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank must be in [0, {tp_size}); got {tp_rank}.")
+    if rule.tp_dim is None:
+        return [HFSlice(hf) for hf in hf_names]
+    try:
+        validate_tensor_parallel(cfg, tp_size)
+    except ValueError as error:
+        raise ValueError(f"cannot shard {name!r}: {error}") from None
+    if rule.fusion is _Fusion.VOCAB:
+        rows = cfg.padded_vocab_size(tp_size) // tp_size
+        start, stop = (min(row, cfg.vocab_size) for row in (tp_rank * rows, (tp_rank + 1) * rows))
+        return [HFSlice(hf_names[0], 0, start, stop)]
+    if rule.fusion is _Fusion.QKV:
+        groups, hpg = cfg.num_query_groups // tp_size, cfg.num_attention_heads // cfg.num_query_groups
+        rows = [hpg * cfg.head_dim * groups, cfg.head_dim * groups, cfg.head_dim * groups]
+        return [HFSlice(hf, 0, tp_rank * size, (tp_rank + 1) * size) for hf, size in zip(hf_names, rows, strict=True)]
+    size = _hf_shape(hf_names[0], cfg)[rule.tp_dim] // tp_size
+    return [HFSlice(hf, rule.tp_dim, tp_rank * size, (tp_rank + 1) * size) for hf in hf_names]
+
+
+def shard_from_hf_slices(name: str, parts: Sequence[Tensor], cfg: ModelConfig, tp_size: int) -> Tensor:
+    """TP shard of the canonical Megatron parameter `name` from the HF slices `hf_slices_for_shard` named,
+    read in its order. Equal to `shard_for_tensor_parallel` of the full `hf_to_megatron` tensor."""
+    rule, _ = _rule(name)
+    return _merge(rule.fusion, list(parts), cfg.padded_vocab_size(tp_size) // tp_size,
+                  cfg.num_query_groups // tp_size)
 
 
 # ---------------------------------------------------------------- pipeline parallelism

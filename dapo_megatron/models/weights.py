@@ -43,7 +43,11 @@ def _local_params(model: torch.nn.Module, cfg: ModelConfig,
     for name, param in unwrap_model(model).named_parameters():
         if cfg.tie_word_embeddings and name == "output_layer.weight":
             continue
-        yield hf_mapping.local_to_global_name(name, offset), param
+        # Transformer Engine layers own the norms (`linear_qkv.layer_norm_weight`); the canonical name is
+        # the local spec's, which every mapping and every caller uses.
+        canonical = hf_mapping.canonical_megatron_name(hf_mapping.local_to_global_name(name, offset))
+        if canonical is not None:
+            yield canonical, param
 
 
 @torch.no_grad()
@@ -54,11 +58,8 @@ def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tenso
     for name, param in _local_params(model, cfg, layout):
         if name not in full_state:
             raise KeyError(f"full state has no tensor for {name}")
-        shard = hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank)
-        if shard.shape != param.shape:
-            raise ValueError(f"{name}: shard shape {tuple(shard.shape)} does not match the model's "
-                             f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})")
-        param.copy_(shard)
+        _copy_shard(name, param, hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size,
+                                                                      layout.tp_rank), layout)
         loaded.add(name)
     unwrapped = unwrap_model(model)
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
@@ -66,6 +67,13 @@ def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tenso
         name = "embedding.word_embeddings.weight"
         unwrapped.output_layer.weight.copy_(
             hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank))
+
+
+def _copy_shard(name: str, param: torch.nn.Parameter, shard: torch.Tensor, layout: ParallelLayout) -> None:
+    if shard.shape != param.shape:
+        raise ValueError(f"{name}: shard shape {tuple(shard.shape)} does not match the model's "
+                         f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})")
+    param.copy_(shard)
 
 
 def iter_full_tensors(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout,
@@ -122,12 +130,29 @@ def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, 
     return out_dir
 
 
-def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout) -> None:
-    """Initialise this rank's shard from a Hugging Face checkpoint (the path the converter takes, done in
-    memory). Every rank reads the whole checkpoint: right for small models; convert large ones once with
-    tools/convert_hf_to_megatron.py and load the torch_dist checkpoint instead."""
-    from dapo_megatron.models import hf_io
+@torch.no_grad()
+def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout, *,
+                    progress: Callable[[int, int, int], None] | None = None) -> int:
+    """Initialise this rank's shard from a Hugging Face safetensors checkpoint; returns the bytes read.
 
-    full = hf_mapping.hf_to_megatron(hf_io.load_hf_state(hf_dir), cfg, tensor_parallel_size=layout.tp_size)
-    dtype = next(unwrap_model(model).parameters()).dtype
-    load_full_state(model, {name: tensor.to(dtype) for name, tensor in full.items()}, cfg, layout)
+    Each rank reads only what it holds: its pipeline stage's layers and, of those, its tensor-parallel rows
+    or columns (`hf_mapping.hf_slices_for_shard`), one parameter at a time, so the memory on top of the model
+    is one parameter's slices. Values are cast to the model's dtype. `progress(done, total, bytes_read)` is
+    called after each parameter.
+    """
+    from dapo_megatron.models.safetensors_reader import SafetensorsReader
+
+    params = list(_local_params(model, cfg, layout))
+    if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
+        # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
+        params.append(("embedding.word_embeddings.weight", unwrap_model(model).output_layer.weight))
+    with SafetensorsReader(hf_dir) as reader:
+        hf_mapping.check_hf_shapes(reader.shapes(), cfg)
+        for done, (name, param) in enumerate(params, start=1):
+            parts = [reader.read(part.name, part.dim, part.start, part.stop)
+                     for part in hf_mapping.hf_slices_for_shard(name, cfg, layout.tp_size, layout.tp_rank)]
+            _copy_shard(name, param, hf_mapping.shard_from_hf_slices(name, parts, cfg, layout.tp_size), layout)
+            del parts
+            if progress is not None:
+                progress(done, len(params), reader.bytes_read)
+        return reader.bytes_read
