@@ -150,9 +150,6 @@ def validate(job: JobConfig, world_size: int) -> None:
         raise ConfigError(
             f"parallel.recompute_num_layers={par.recompute_num_layers} must {rule} the {layers_per_stage} layers of "
             f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer).")
-    if par.sequence_parallel and model.transformer_impl == "local":
-        raise ConfigError("parallel.sequence_parallel=true needs Transformer Engine layers; "
-                          "set model.transformer_impl=transformer_engine (GPU) or parallel.sequence_parallel=false.")
     _validate_old_log_prob_source(job)  # first: its fix for quantized rollouts is not the TIS one below
     _validate_low_precision(job)
 

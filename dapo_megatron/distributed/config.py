@@ -12,7 +12,8 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = 1
     """Stages the layers are split into; layers must divide evenly."""
     sequence_parallel: bool = False
-    """Shard activations outside the matmuls over the TP group (needs TP > 1 and Transformer Engine)."""
+    """Shard activations outside the matmuls over the TP group along the sequence (needs TP > 1; every
+    micro-batch is right-padded to a multiple of TP, see `models/sequence_padding.py`)."""
     use_distributed_optimizer: bool = False
     """Shard optimizer states (and fp32 main params) over the data-parallel group (ZeRO-1)."""
     overlap_grad_reduce: bool = False

@@ -48,6 +48,14 @@ _SCOPED_MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
 )
 
+# Modules on the forward/backward path whose only CUDA assumption is `torch.cuda.current_device()` as
+# the device of new buffers (the all-gather and reduce-scatter of sequence parallelism): their proxy
+# swaps `torch.cuda` and hands out torch's own functions, unwrapped.
+_CUDA_NAMESPACE_MODULES = (
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+)
+
 # (module, qualified name) of functions that call Tensor.cuda() or compare Tensor.type() strings.
 _TENSOR_METHOD_SITES = (
     ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
@@ -93,19 +101,21 @@ def _cpu_cuda() -> _CpuCuda:
 class _CpuTorch(types.ModuleType):
     """A stand-in for the `torch` module inside selected megatron modules only.
 
-    Functions get their `device=` keyword mapped from CUDA to the CPU and `pin_memory` dropped
-    (pinning needs CUDA); classes, submodules and constants pass through unchanged.
+    `torch.cuda` answers for the CPU. With `map_devices`, functions also get their `device=` keyword
+    mapped from CUDA to the CPU and `pin_memory` dropped (pinning needs CUDA); otherwise, and for
+    classes, submodules and constants always, torch's own objects pass through.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, map_devices: bool) -> None:
         super().__init__("torch")
         self.cuda = _cpu_cuda()
+        self._map_devices = map_devices
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(torch, name)
-        if isinstance(attr, types.BuiltinFunctionType | types.FunctionType):
+        if self._map_devices and isinstance(attr, types.BuiltinFunctionType | types.FunctionType):
             attr = _with_cpu_device(attr)
-            setattr(self, name, attr)  # cache: __getattr__ only runs on a miss
+        setattr(self, name, attr)  # cache: __getattr__ only runs on a miss
         return attr
 
 
@@ -152,9 +162,11 @@ def apply() -> None:
     global _applied
     if _applied or torch.cuda.is_available():
         return
-    cpu_torch = _CpuTorch()
+    cpu_torch, cuda_namespace_only = _CpuTorch(map_devices=True), _CpuTorch(map_devices=False)
     for module_name in _SCOPED_MODULES:
         importlib.import_module(module_name).torch = cpu_torch
+    for module_name in _CUDA_NAMESPACE_MODULES:
+        importlib.import_module(module_name).torch = cuda_namespace_only
 
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()

@@ -100,21 +100,6 @@ def transformer_config_kwargs(fp8: Fp8Config) -> dict[str, Any]:
     }
 
 
-def sequence_multiple(*, fp8: str | None, fp8_recipe: str | None, sequence_parallel: bool,
-                      tensor_parallel_size: int) -> int:
-    """Pad every micro-batch's sequence length to a multiple of this (1 = no padding).
-
-    TE's FP8 GEMMs need the token dimension of each GEMM input (batch x sequence, divided by TP under
-    sequence parallelism) to be a multiple of the GEMM alignment; padding the sequence to a multiple of
-    alignment x TP makes that true for every micro-batch size. Arguments are TransformerConfig fields,
-    so the forward pass reads them off the model it runs.
-    """
-    if not fp8:
-        return 1
-    align = Fp8Config(recipe=fp8_recipe or "delayed").gemm_alignment
-    return align * (tensor_parallel_size if sequence_parallel else 1)
-
-
 def alignment_error(*, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int, num_query_groups: int,
                     head_dim: int, tensor_parallel_size: int, fp8: Fp8Config) -> str | None:
     """Why these shapes cannot run FP8 GEMMs at this TP size, or None when they can.

@@ -8,6 +8,7 @@ Both save under the same `dist_checkpointing` keys, so checkpoints move freely b
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from dapo_megatron.models.config import ModelConfig
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from dapo_megatron.distributed.layout import ParallelLayout
 
@@ -102,20 +104,35 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig,
     )
 
 
+def local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
+    """This stage's block of megatron-core's local (torch) layers, with the project's RMSNorm in every
+    layer and as the final norm: megatron-core's own torch norm refuses sequence parallelism
+    (`models/norm.py`)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    from dapo_megatron.models.norm import RMSNorm
+
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+
+
 def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, layout: ParallelLayout) -> GPTModel:
     """This rank's part of the policy: its TP shard of the layers of its pipeline stage."""
     from megatron.core.fp8_utils import get_fp8_context
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
     config = transformer_config(model, parallel)
     if resolve_transformer_impl(model) == "transformer_engine":
         layer_spec = get_gpt_layer_with_transformer_engine_spec()
     else:
-        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer_spec = local_block_spec(config)
     # With model.fp8.param_gather the TE layers must create their weights as FP8 tensors
     # (fp8_model_init); otherwise this is a no-op context.
     with get_fp8_context(config, is_init=True):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dapo_megatron.distributed.layout import ParallelLayout
-from dapo_megatron.models.fp8 import sequence_multiple
+from dapo_megatron.models.sequence_padding import model_sequence_multiple, padded_length
 
 
 @dataclass
@@ -47,15 +47,13 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
     megatron-core over the vocab-parallel logits); otherwise vocab-parallel logits [batch, seq, V/tp].
     Returns the report dicts of `loss_fn`, one per micro-batch, on the last pipeline stage only.
 
-    With FP8 the model sees each micro-batch right-padded to the length TE's FP8 GEMMs need
-    (`fp8.sequence_multiple`); causal attention keeps the padding from touching real positions, and
-    `loss_fn` gets the output cut back to the micro-batch's own width.
+    The model sees each micro-batch right-padded to the length that sequence parallelism and FP8 need
+    (`models/sequence_padding.py`); causal attention keeps the padding from touching real positions,
+    and `loss_fn` gets the output cut back to the micro-batch's own width.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    config = model.config
-    multiple = sequence_multiple(fp8=config.fp8, fp8_recipe=config.fp8_recipe, sequence_parallel=config.sequence_parallel,
-                                 tensor_parallel_size=config.tensor_model_parallel_size)
+    multiple = model_sequence_multiple(model.config)
 
     device = next(model.parameters()).device
 
@@ -72,7 +70,7 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
         output = chunk(tokens, positions, None, labels=labels)
         return output, lambda out: loss_fn(mb, out[:, :width])
 
-    seq_length = -(-max(mb.tokens.shape[1] for mb in micro_batches) // multiple) * multiple
+    seq_length = padded_length(max(mb.tokens.shape[1] for mb in micro_batches), multiple)
     return get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
         num_microbatches=len(micro_batches), seq_length=seq_length,

@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--micro-batches", type=int, required=True, help="per data-parallel rank")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute, one layer per unit")
+    parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--max-tokens", type=int, help="token-budget micro-batches (dapo): planned by split_rows")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", action="store_true")
@@ -111,7 +112,8 @@ def main() -> None:
 
     cfg = model_config()
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                              recompute_granularity="full" if args.recompute else "none")
+                              recompute_granularity="full" if args.recompute else "none",
+                              sequence_parallel=args.sequence_parallel)
     layout = initialize(parallel, seed=7)
     model = build_gpt_model(cfg, parallel, layout)
     if args.reference:
@@ -133,6 +135,8 @@ def main() -> None:
 
     forward_calls: list[int] = []  # of this stage's first layer: twice per micro-batch under full recompute
     model.decoder.layers[0].register_forward_hook(lambda *_: forward_calls.append(1))
+    model_widths: list[int] = []  # sequence lengths the model was given, padding included
+    model.register_forward_pre_hook(lambda _, args: model_widths.append(args[0].shape[1]))
     ddp = wrap_for_training(model, parallel)
     extra: dict[str, float] = {}
     share = ROWS // layout.dp_size
@@ -164,7 +168,7 @@ def main() -> None:
     grads = gather_full_state(ddp, cfg, layout, tensor_of=lambda p: p.main_grad)
     if layout.rank == 0:
         torch.save({"loss": metrics["loss"], "units": metrics["units"], "grads": grads,
-                    "layer_forward_calls": len(forward_calls), **extra}, args.out)
+                    "layer_forward_calls": len(forward_calls), "model_widths": model_widths, **extra}, args.out)
     shutdown()
 
 

@@ -59,6 +59,30 @@ def test_layout_gives_the_whole_batch_gradient(reference: dict, workdir: Path, o
     assert_same_gradients(torch.load(out), reference[objective]["formula"])
 
 
+@pytest.mark.parametrize("layout", ["tp2", "tp2xpp2"])
+def test_sequence_parallel_gives_the_whole_batch_gradient(reference: dict, workdir: Path, layout: str) -> None:
+    # Sequence parallelism splits the sequence over TP outside the matmuls, so each micro-batch must go in
+    # padded to an even length. With PP, sequence-split activations of both widths pass between the stages.
+    # The norms' weight gradients are partial sums per TP rank that finalize_model_grads must add up.
+    tp, pp, nproc, micro = LAYOUTS[layout]
+    out = workdir / f"sequence_parallel_{layout}.pt"
+    torchrun(WORKER, nproc, "--objective", "dapo", "--sequence-parallel", "--tp", str(tp), "--pp", str(pp),
+             "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    result = torch.load(out)
+    assert micro_batch_widths(workdir, micro) == [13, 11]
+    assert result["model_widths"] == [14, 12]
+    assert_same_gradients(result, reference["dapo"]["formula"])
+
+
+def micro_batch_widths(workdir: Path, micro_batches: int) -> list[int]:
+    """Label positions of the DAPO batch's consecutive micro-batches, each cut to its longest row."""
+    from dapo_megatron.trainer.actor import PolicyRows
+
+    batch = torch.load(workdir / "dapo_batch.pt")
+    rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=batch["advantages"])
+    return [mb.tokens.shape[1] for mb in rows.micro_batches([len(rows) // micro_batches] * micro_batches)]
+
+
 # A budget for this batch's row widths (5-13 label positions): 30 tokens pack 4 micro-batches; halving
 # two of them balances the DP ranks better, so each runs 3 (of 2, 1 and 1 rows), and rows of different
 # counts and widths pass between the pipeline stages. One DP2 x PP2 run covers both, at the cost of one

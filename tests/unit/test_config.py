@@ -75,7 +75,8 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
     (["parallel=tp2pp2"], 6, "world size 6 is not a multiple of tensor x pipeline parallel = 2 x 2 = 4"),
     (["optim.lr=0"], 1, "optim.lr must be > 0"),
     (["model.params_dtype=fp8"], 1, "model.params_dtype must be"),
-    (["parallel.sequence_parallel=true"], 1, "parallel.sequence_parallel=true needs"),
+    (["parallel.sequence_parallel=true"], 1,
+     "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1"),
     (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
     (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
     (["model.num_attention_heads=6", "model.num_query_groups=4"], 1, "model.num_attention_heads \\(6\\) must be divisible"),
@@ -92,6 +93,13 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
 def test_impossible_configs_name_the_field(overrides: list[str], world: int, message: str) -> None:
     with pytest.raises(C.ConfigError, match=message):
         C.load(overrides, world_size=world)
+
+
+def test_sequence_parallel_runs_on_local_layers() -> None:
+    # The local layer spec carries a norm that marks its weight for the TP gradient all-reduce, so CPU and
+    # laptop runs (gloo) use sequence parallelism as the GPU recipes do.
+    job = C.load(["parallel=tp2", "parallel.sequence_parallel=true", "model.transformer_impl=local"], world_size=2)
+    assert job.parallel.sequence_parallel and job.model.transformer_impl == "local"
 
 
 def test_validation_happens_before_megatron_is_imported() -> None:

@@ -156,16 +156,6 @@ def test_settings_survive_the_checkpoint_json() -> None:
     assert ModelConfig(**dataclasses.asdict(model)) == model
 
 
-@pytest.mark.parametrize(("fields", "expected"), [
-    (dict(fp8=None, fp8_recipe="delayed", sequence_parallel=False, tensor_parallel_size=8), 1),
-    (dict(fp8="hybrid", fp8_recipe="tensorwise", sequence_parallel=False, tensor_parallel_size=8), 16),
-    (dict(fp8="hybrid", fp8_recipe="tensorwise", sequence_parallel=True, tensor_parallel_size=8), 128),
-    (dict(fp8="e4m3", fp8_recipe="mxfp8", sequence_parallel=False, tensor_parallel_size=2), 32),
-])
-def test_sequence_padding_multiple(fields: dict, expected: int) -> None:
-    assert fp8.sequence_multiple(**fields) == expected
-
-
 @pytest.fixture
 def one_rank_megatron(tmp_path: Path) -> Iterator[object]:
     with one_gloo_rank(tmp_path / "store") as layout:
