@@ -19,6 +19,7 @@ Log-prob semantics (SGLang defaults, verified against Hugging Face in tests/inte
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import sys
 import threading
@@ -75,6 +76,8 @@ class _Group:
     rids: list[str]
     url: str
     """The engine generating it."""
+    seeds: list[int] | None = None
+    """Per-sample `sampling_seed`s (rollout.deterministic), else None."""
     aborted: bool = False
     """Set by abort/abort_all; the stream re-sends the abort until the group has come back."""
 
@@ -120,15 +123,17 @@ class RolloutClient:
     def stream_groups(self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int | None = None,
                       temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                       max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = (),
-                      ignore_eos: bool = False, progress: bool = False,
-                      progress_total: int | None = None) -> Iterator[tuple[Hashable, list[Sample]]]:
+                      ignore_eos: bool = False, progress: bool = False, progress_total: int | None = None,
+                      group_seed: Callable[[Hashable], int] | None = None) -> Iterator[tuple[Hashable, list[Sample]]]:
         """Generate n samples per prompt; yield `(key, samples)` per prompt as each group completes.
 
         Prompts are pulled lazily, only when fewer than `max_concurrent_requests // n` groups (at least
         one) per engine are in flight. Sampling arguments default to the config; temperature 0 means greedy (for
         tests and evaluation; RL sampling needs temperature > 0). `progress` shows the samples generated
         (of `progress_total`, if known: a bar on a terminal, a line every 30 s in a log); pass it on the logging
-        rank only.
+        rank only. `group_seed(key)`, asked when a group is submitted, seeds its samples: sample i gets
+        `sampling_seed = sample_seed(group_seed(key), i)`, which SGLang uses only with deterministic inference
+        (rollout.deterministic); None leaves the sampler's own randomness.
 
         After `abort_all()` no further prompt is pulled and the groups in flight come back with their
         partial outputs, finish reason "abort". Closing the generator early aborts the groups in flight.
@@ -139,10 +144,11 @@ class RolloutClient:
             raise ValueError(f"n must be >= 1; got {n}")
         params = self._sampling_params(temperature, top_p, top_k, max_new_tokens, stop_token_ids, ignore_eos)
         # Arguments are checked here, at the call; the generator below starts work at the first next().
-        return self._stream(iter(prompts), n, params, progress, progress_total)
+        return self._stream(iter(prompts), n, params, progress, progress_total, group_seed)
 
     def _stream(self, pending: Iterator[tuple[Hashable, Sequence[int]]], n: int, params: dict[str, Any],
-                progress: bool, progress_total: int | None) -> Iterator[tuple[Hashable, list[Sample]]]:
+                progress: bool, progress_total: int | None,
+                group_seed: Callable[[Hashable], int] | None) -> Iterator[tuple[Hashable, list[Sample]]]:
         slots = max(1, self.cfg.max_concurrent_requests // n) * len(self.urls)
         stream = _Stream()
         bar = _Progress(progress_total) if progress else None
@@ -150,7 +156,7 @@ class RolloutClient:
         with self._lock:
             self._streams.add(stream)
         try:
-            self._submit_more(stream, pool, pending, slots, n, params)
+            self._submit_more(stream, pool, pending, slots, n, params, group_seed)
             while stream.in_flight:
                 done, _ = wait(list(stream.in_flight), timeout=_REABORT_EVERY_S, return_when=FIRST_COMPLETED)
                 if not done:
@@ -160,7 +166,7 @@ class RolloutClient:
                     finished = [(stream.in_flight.pop(future), future) for future in done]
                 results = [(group.key, future.result()) for group, future in finished]  # raises failures
                 # Refill before yielding, so the engine keeps generating while the caller scores.
-                self._submit_more(stream, pool, pending, slots, n, params)
+                self._submit_more(stream, pool, pending, slots, n, params, group_seed)
                 for key, samples in results:
                     if bar is not None:
                         bar.update(len(samples))
@@ -195,7 +201,7 @@ class RolloutClient:
 
     def _submit_more(self, stream: _Stream, pool: ThreadPoolExecutor,
                      pending: Iterator[tuple[Hashable, Sequence[int]]], slots: int, n: int,
-                     params: dict[str, Any]) -> None:
+                     params: dict[str, Any], group_seed: Callable[[Hashable], int] | None) -> None:
         while len(stream.in_flight) < slots and not stream.stopped.is_set():
             item = next(pending, None)
             if item is None:
@@ -204,7 +210,8 @@ class RolloutClient:
             with self._lock:
                 url = min(self.urls, key=self._groups_in_flight.__getitem__)  # ties: the first engine
                 self._groups_in_flight[url] += 1
-            group = _Group(key, _token_ids(prompt_ids, key), self._new_rids(n), url)
+            seeds = None if group_seed is None else [sample_seed(group_seed(key), i) for i in range(n)]
+            group = _Group(key, _token_ids(prompt_ids, key), self._new_rids(n), url, seeds)
             future = pool.submit(self._generate_group, group, params)
             with self._lock:
                 stream.in_flight[future] = group
@@ -222,7 +229,8 @@ class RolloutClient:
 
     def _request_group(self, group: _Group, params: dict[str, Any]) -> list[Sample]:
         n = len(group.rids)
-        body = {"input_ids": [group.prompt_ids] * n, "rid": group.rids, "sampling_params": params,
+        per_sample = params if group.seeds is None else [{**params, "sampling_seed": seed} for seed in group.seeds]
+        body = {"input_ids": [group.prompt_ids] * n, "rid": group.rids, "sampling_params": per_sample,
                 "return_logprob": True}
         what = f"generate request for group key {group.key!r} (rids {group.rids[0]}..{group.rids[-1]})"
         responses = self._post(group.url, "/generate", body, what, timeout=self.cfg.request_timeout_s,
@@ -384,6 +392,13 @@ class RolloutClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def sample_seed(*parts: object) -> int:
+    """A seed in [0, 2**63) that is a pure function of the parts' text: the same on every machine, process and
+    Python version (unlike `hash`), so a resumed run derives the seeds of the first."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _token_ids(ids: Sequence[int], name: object) -> list[int]:

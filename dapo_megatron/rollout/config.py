@@ -36,6 +36,19 @@ class RolloutConfig:
     """`fp8`: SGLang quantizes the synced weights to FP8 (`--quantization fp8`, GPU only) for faster
     generation. The rollout policy then differs from the trained one, so it requires truncated importance
     sampling (algo.tis_cap) and a looser rollout.sync_check_tolerance. None: the engine dtype."""
+    seed: int | None = None
+    """Seed of the engine's sampler (`--random-seed`, always passed) and of the per-request seeds of
+    `deterministic`; None = the job seed (`rollout/placement.rollout_config`)."""
+    deterministic: bool = False
+    """Reproducible sampling (GPU only): SGLang's deterministic inference (`--enable-deterministic-inference`,
+    batch-invariant kernels: a sequence's logits do not depend on what it is batched with) plus a seed per
+    sample derived from the seed, the data position at the start of the step, the prompt's draw number and
+    uid, and the sample's index (`rollout/client.sample_seed`). A resumed dynamic_sampling_mode=batch_sync job
+    then regenerates the first run's samples at each step, given the same weights; in streaming mode which
+    in-flight groups a full batch cuts off still depends on timing. SGLang then picks a deterministic
+    attention backend (fa3 on Hopper, flashinfer on Blackwell) and its pytorch sampler, which are slower.
+    Refused on CPU: SGLang refuses deterministic inference with the CPU engine's torch_native attention, and
+    without it ignores per-request seeds."""
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 600.0
     max_concurrent_requests: int = 256

@@ -97,8 +97,8 @@ class SGLangEngine:
 
     Args:
         model_path: Hugging Face model directory (config, tokenizer, weights) the server loads.
-        cfg: rollout settings; uses dtype, engine_tp_size, mem_fraction_static, max_total_tokens,
-            startup_timeout_s.
+        cfg: rollout settings; uses dtype, engine_tp_size, mem_fraction_static, max_total_tokens, seed,
+            deterministic, quantization, startup_timeout_s.
         log_file: where the server's stdout and stderr go; its tail is quoted in every EngineError.
         host, port: where the server listens; `port=None` picks a free one.
         device: "cpu" or "cuda".
@@ -116,6 +116,11 @@ class SGLangEngine:
             raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
         if device == "cpu" and cfg.quantization:
             raise ValueError(f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU")
+        if device == "cpu" and cfg.deterministic:
+            raise ValueError("rollout.deterministic=true needs a CUDA GPU: SGLang's deterministic inference runs on "
+                             "batch-invariant GPU attention kernels and refuses the CPU engine's torch_native "
+                             "attention, and without it SGLang ignores per-request sampling seeds; set "
+                             "rollout.deterministic=false on CPU")
         if device == "cpu" and (shortfall := cfg.kv_shortfall()) is not None:
             warnings.warn(shortfall, stacklevel=2)  # on GPUs the memory fraction sizes the cache
         self.model_path = Path(model_path)
@@ -146,7 +151,8 @@ class SGLangEngine:
 
     def command(self) -> list[str]:
         """The server command line."""
-        common = ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
+        common = ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port),
+                  *(["--random-seed", str(self.cfg.seed)] if self.cfg.seed is not None else [])]
         if self.device == "cpu":
             dtype = "float32" if self.cfg.dtype == "auto" else self.cfg.dtype
             return [sys.executable, "-m", "dapo_megatron.rollout.sglang_cpu", *common,
@@ -169,6 +175,7 @@ class SGLangEngine:
                 "--base-gpu-id", str(self.base_gpu_id),
                 "--mem-fraction-static", str(self.cfg.mem_fraction_static),
                 "--enable-memory-saver",
+                *(["--enable-deterministic-inference"] if self.cfg.deterministic else []),
                 *(["--quantization", self.cfg.quantization] if self.cfg.quantization else []), *self.extra_args]
 
     def _environment(self) -> dict[str, str]:

@@ -55,6 +55,24 @@ def engine_placement(world_size: int, rollout: RolloutConfig, device: str) -> En
     return EnginePlacement(num_engines=count, ranks_per_engine=per_engine)
 
 
+def node_engine_gpus(rollout: RolloutConfig, gpus: int) -> list[int]:
+    """The first GPU of each engine that one process (tools/eval.py) starts on a node with `gpus` GPUs:
+    `rollout.num_engines` engines (0 = as many as fit) of `rollout.engine_tp_size` GPUs each, side by side.
+
+    Raises ValueError naming the field when they do not fit the node."""
+    tp = rollout.engine_tp_size
+    if gpus < tp:
+        raise ValueError(f"rollout.engine_tp_size={tp} needs {tp} GPUs per engine but this node has {gpus}; "
+                         f"lower rollout.engine_tp_size to at most {gpus} (the model must still fit)")
+    fit = gpus // tp
+    count = rollout.num_engines or fit
+    if count > fit:
+        raise ValueError(f"rollout.num_engines={count} engines of rollout.engine_tp_size={tp} GPUs need {count * tp} "
+                         f"GPUs but this node has {gpus}; set rollout.num_engines to at most {fit} "
+                         "(0 = as many as fit)")
+    return [engine * tp for engine in range(count)]
+
+
 def check_overlap(job: JobConfig, device: str) -> None:
     """trainer.overlap_rollout generates while the policy trains: the engine needs cores or devices the trainer
     is not using. Raises ValueError naming the field on GPUs, where engines are colocated."""
@@ -64,9 +82,11 @@ def check_overlap(job: JobConfig, device: str) -> None:
 
 
 def rollout_config(job: JobConfig) -> RolloutConfig:
-    """The rollout settings with the engine dtype resolved (`auto` = the policy's)."""
+    """The rollout settings with the engine dtype (`auto` = the policy's) and the seed (None = the job's)
+    resolved."""
     rollout = job.rollout
-    return dataclasses.replace(rollout, dtype=job.model.params_dtype) if rollout.dtype == "auto" else rollout
+    return dataclasses.replace(rollout, dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
+                               seed=job.seed if rollout.seed is None else rollout.seed)
 
 
 def launch_engine(job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str,

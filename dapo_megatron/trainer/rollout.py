@@ -13,6 +13,7 @@ wait for all of them, filter, truncate to the batch size, repeat.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 from dapo_megatron.algo.dynamic_sampling import BatchCollector
 from dapo_megatron.rewards.pool import RewardItem, RewardPool
-from dapo_megatron.rollout.client import RolloutClient, Sample
+from dapo_megatron.rollout.client import RolloutClient, Sample, sample_seed
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.trainer.batch import ScoredGroup, ScoredSample
 from dapo_megatron.trainer.config import TrainerConfig
@@ -88,6 +89,8 @@ class RolloutManager:
         them before any fresh prompt. With a group: finished and informative (carried over); without:
         aborted, generated again."""
         self._cancelled = threading.Event()
+        self._step_position = ""
+        """The prompt stream's position when the current `collect` began (rollout.deterministic)."""
 
     def cancel(self) -> None:
         """Stop a `collect` running in another thread: no new requests, those in flight aborted; it then raises
@@ -98,6 +101,10 @@ class RolloutManager:
     def collect(self) -> tuple[list[ScoredGroup], dict[str, float]]:
         """The groups of the next training batch, and the rollout metrics."""
         started = time.perf_counter()
+        if self.rollout.deterministic:
+            # Stands for the step in the samples' seeds: it is what a checkpoint restores, so a resumed job seeds
+            # its first step as the original run seeded that step.
+            self._step_position = json.dumps(self.prompts.state_dict(), sort_keys=True, default=str)
         trainer, stats = self.trainer, _Stats()
         size = trainer.train_batch_size
         collector: BatchCollector[Drawn] = BatchCollector(size)
@@ -190,10 +197,14 @@ class RolloutManager:
                 stats.prompts += 1
                 yield index, prompt.ids
 
+        def group_seed(index: int) -> int:  # asked as the group is submitted, while it is pending
+            return sample_seed(self.rollout.seed, self._step_position, index, pending[index].uid)
+
         aborting = False
         n = self.rollout.n_samples_per_prompt
-        for index, samples in self.client.stream_groups(submit(), n=n, stop_token_ids=self.stop_token_ids,
-                                                        progress=self.progress, progress_total=None):
+        for index, samples in self.client.stream_groups(
+                submit(), n=n, stop_token_ids=self.stop_token_ids, progress=self.progress, progress_total=None,
+                group_seed=group_seed if self.rollout.deterministic else None):
             prompt = pending.pop(index)
             stats.generated += len(samples)
             if any(s.finish_reason == "abort" for s in samples):
