@@ -143,6 +143,10 @@ class RolloutClient:
         if n < 1:
             raise ValueError(f"n must be >= 1; got {n}")
         params = self._sampling_params(temperature, top_p, top_k, max_new_tokens, stop_token_ids, ignore_eos)
+        if self.cfg.deterministic and group_seed is None and params["temperature"] > 0:
+            raise ValueError("rollout.deterministic=true needs a group_seed for sampling: SGLang's deterministic "
+                             "inference gives every request without a sampling_seed the same one (42), so all "
+                             "samples of a prompt would be identical")
         # Arguments are checked here, at the call; the generator below starts work at the first next().
         return self._stream(iter(prompts), n, params, progress, progress_total, group_seed)
 

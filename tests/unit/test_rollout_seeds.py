@@ -94,6 +94,10 @@ def test_the_client_seeds_each_sample_only_when_asked(server: ThreadingHTTPServe
     assert [params["sampling_seed"] for params in seeded["sampling_params"]] == [sample_seed(77, i) for i in range(3)]
     assert {k: v for k, v in seeded["sampling_params"][0].items() if k != "sampling_seed"} == plain["sampling_params"]
     assert "sampling_seed" not in plain["sampling_params"]
+    with RolloutClient(url(server), RolloutConfig(deterministic=True)) as client:
+        with pytest.raises(ValueError, match=r"needs a group_seed .* all samples of a prompt would be identical"):
+            client.stream_groups([("c", [5, 6])], n=3)
+        list(client.stream_groups([("greedy", [5, 6])], n=1, temperature=0.0))  # greedy needs no seed
 
 
 def rollouts(server: ThreadingHTTPServer, pool: RewardPool, state: dict[str, Any] | None) -> RolloutManager:
