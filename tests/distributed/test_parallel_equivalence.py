@@ -1,8 +1,9 @@
 """Every layout computes the gradient of the same formula (real megatron-core, gloo, torchrun).
 
 For the warm-up's cross-entropy and for the DAPO policy loss, the loss and every gradient under TP2,
-PP2, TP2xPP2, DP2 and 1/2/4 micro-batches equal plain autograd of the loss written out on the whole
-batch in one process: the exact global token mean. The naive mean of micro-batch means differs, so
+PP2, TP2xPP2, DP2 and 1/2/4 micro-batches (and for DAPO under TP2 and TP2xPP2 with sequence
+parallelism) equal plain autograd of the loss written out on the whole batch in one process: the exact
+global token mean. The naive mean of micro-batch means differs, so
 these tests can tell the two apart.
 """
 
