@@ -52,6 +52,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def load_job(model: str, overrides: list[str]) -> JobConfig:
+    """The config, validated as the job it plans (`cluster.*`, the dry run's world size): evaluation trains
+    nothing, so this one process is not the recipe's world (a 32B recipe's tensor parallelism needs 8 ranks)."""
+    job = job_config.to_job_config(job_config.compose([f"model.hf_dir={model}", *overrides]))
+    job_config.validate(job, world_size=job.cluster.world_size)
+    return job
+
+
 def eval_engines(job: JobConfig, model_dir: Path, log_dir: Path, *, device: str, gpus: int) -> list[SGLangEngine]:
     """The engines to evaluate with, not started: on CUDA the rollout layout on this node's `gpus` GPUs
     (`node_engine_gpus`), on CPU one engine."""
@@ -85,7 +93,7 @@ def _layout_or_exit(build: Callable[[], T]) -> T:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
-    job = job_config.load([f"model.hf_dir={args.model}", *overrides])
+    job = load_job(args.model, overrides)
     device, gpus = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         model_dir = Path(args.model)

@@ -41,7 +41,7 @@ def flag(command: list[str], name: str) -> str:
 def test_eval_starts_the_recipes_engines_side_by_side_on_a_node(eval_tool: ModuleType, tmp_path: Path,
                                                                 experiment: str, tp: str,
                                                                 first_gpus: list[str]) -> None:
-    job = C.to_job_config(C.compose([f"experiment={experiment}"]))
+    job = eval_tool.load_job("/models/policy", [f"experiment={experiment}"])  # the recipe's TP needs 4-8 ranks
     engines = eval_tool.eval_engines(job, Path("/models/policy"), tmp_path, device="cuda", gpus=8)
     commands = [engine.command() for engine in engines]
     assert [flag(c, "--base-gpu-id") for c in commands] == first_gpus
