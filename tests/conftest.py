@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,6 +48,36 @@ def load_bench_script(stem: str) -> ModuleType:
     """bench/STEM.py as a module (bench/ is not a package: its scripts run as files)."""
     return load_script(REPO / "bench" / f"{stem}.py")
 
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Base of the tests' stand-in HTTP servers (transport behaviour, recorded requests): JSON replies, no log."""
+
+    def reply_json(self, answer: object) -> None:
+        payload = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def local_http_server(handler: type[BaseHTTPRequestHandler], **state: Any) -> Iterator[ThreadingHTTPServer]:
+    """`handler` served on a free loopback port in a thread; `state` becomes attributes of the server."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    for name, value in state.items():
+        setattr(httpd, name, value)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @contextlib.contextmanager

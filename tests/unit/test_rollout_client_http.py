@@ -3,20 +3,19 @@ does: the connection is reset before a response."""
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from dapo_megatron.rollout.client import RolloutClient, RolloutError
 from dapo_megatron.rollout.config import RolloutConfig
+from tests.conftest import JsonHandler, local_http_server
 
 
-class ResettingHandler(BaseHTTPRequestHandler):
+class ResettingHandler(JsonHandler):
     """Resets the connection of the first `server.resets` requests (RST, no response), then answers."""
 
     def do_POST(self) -> None:
@@ -27,26 +26,13 @@ class ResettingHandler(BaseHTTPRequestHandler):
             self.connection.close()
             self.close_connection = True
             return
-        payload = json.dumps({"ok": True}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply_json({"ok": True})
 
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ResettingHandler)
-    httpd.seen, httpd.resets = 0, 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with local_http_server(ResettingHandler, seen=0, resets=0) as httpd:
+        yield httpd
 
 
 def post(server: ThreadingHTTPServer) -> object:

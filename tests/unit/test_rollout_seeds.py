@@ -8,9 +8,8 @@ request bodies: what it would do with the seeds (SGLang's deterministic inferenc
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -25,9 +24,10 @@ from dapo_megatron.trainer.config import EvalConfig, TrainerConfig
 from dapo_megatron.trainer.evaluate import evaluate
 from dapo_megatron.trainer.prompts import build_prompt_sources
 from dapo_megatron.trainer.rollout import RolloutManager
+from tests.conftest import JsonHandler, local_http_server
 
 
-class GenerateHandler(BaseHTTPRequestHandler):
+class GenerateHandler(JsonHandler):
     """Sample i of a request answers token i % 2 with finish reason stop; every body is recorded."""
 
     def do_POST(self) -> None:
@@ -39,26 +39,13 @@ class GenerateHandler(BaseHTTPRequestHandler):
                 "weight_version": "0"}} for i, rid in enumerate(body["rid"])]
         else:
             answer = {}
-        payload = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply_json(answer)
 
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenerateHandler)
-    httpd.bodies = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with local_http_server(GenerateHandler, bodies=[]) as httpd:
+        yield httpd
 
 
 @pytest.fixture
