@@ -157,6 +157,11 @@ def _set_cuda_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: b
     torch.set_rng_state(new_state)
 
 
+def active() -> bool:
+    """Whether `apply()` redirected megatron-core in this process (never with CUDA)."""
+    return _applied
+
+
 def apply() -> None:
     """Redirect megatron-core's CUDA assumptions to the CPU. Idempotent; a no-op with CUDA."""
     global _applied
