@@ -7,20 +7,55 @@
 torch_dist stores tensors by their global shape, so the result loads under any TP x PP layout; the
 conversion therefore runs in one process. --tensor-parallel / --pipeline-parallel name the layout
 you plan to train with: it is checked against the model (heads, query groups and layers must divide)
-and sets the vocabulary padding, before anything is loaded.
+and sets the vocabulary padding, before anything is loaded. --dtype defaults to the checkpoint's own,
+so a conversion is lossless unless asked otherwise.
+
+The HF tensors are read one at a time into the model (progress on stderr); the peak memory is the model
+in the target dtype plus what torch_dist's writer holds. Training jobs need no conversion: they read
+each rank's slices of the HF checkpoint directly (model.hf_dir).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import resource
 import sys
 import time
 
+import torch
+
 from dapo_megatron.config import ConfigError, JobConfig, validate
 from dapo_megatron.distributed.config import ParallelConfig
-from dapo_megatron.models import hf_io, hf_mapping
+from dapo_megatron.models import hf_io
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.safetensors_reader import SafetensorsReader
+
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class ReadProgress:
+    """`load_hf_weights`'s progress callback: one line on stderr every `every_s` seconds and at the end."""
+
+    def __init__(self, total_bytes: int, every_s: float = 10.0) -> None:
+        self.total_bytes, self.every_s, self.tensors = total_bytes, every_s, 0
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, bytes_read: int) -> None:
+        self.tensors = done
+        now = time.monotonic()
+        if now - self.last < self.every_s and done < total:
+            return
+        self.last = now
+        rate = bytes_read / max(now - self.started, 1e-9)
+        eta = (self.total_bytes - bytes_read) / rate if rate else float("inf")
+        print(f"read {done}/{total} tensors, {bytes_read / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB, "
+              f"{rate / 2**20:.0f} MiB/s, ETA {eta:.0f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB",
+              file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,17 +64,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="checkpoint root to create (iter_0000000/ inside)")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="TP size you will train with")
     parser.add_argument("--pipeline-parallel", type=int, default=1, help="PP size you will train with")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16",
-                        help="parameter dtype of the Megatron checkpoint")
+    parser.add_argument("--dtype", choices=list(_DTYPES.values()), default=None,
+                        help="parameter dtype of the Megatron checkpoint (default: the HF checkpoint's)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     return parser.parse_args(argv)
+
+
+def source_dtype(reader: SafetensorsReader, hf_config: dict) -> str:
+    """The dtype the HF weights are stored in: the tensors' when they agree, else config.json's."""
+    stored = {info.dtype for info in reader.tensors.values()}
+    if len(stored) == 1 and next(iter(stored)) in _DTYPES:
+        return _DTYPES[next(iter(stored))]
+    declared = hf_config.get("torch_dtype") or hf_config.get("dtype")
+    if declared in _DTYPES.values():
+        return declared
+    raise ValueError(f"cannot tell the checkpoint's dtype (tensors: {sorted(map(str, stored))}, config.json: "
+                     f"{declared!r}); pass --dtype")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
-    model_cfg = ModelConfig.from_hf_config(hf_io.read_hf_config(args.hf_dir), params_dtype=args.dtype,
-                                           transformer_impl="local", hf_dir=str(args.hf_dir))
+    hf_config = hf_io.read_hf_config(args.hf_dir)
+    with SafetensorsReader(args.hf_dir) as reader:
+        total_bytes = sum(math.prod(info.shape) * info.dtype.itemsize for info in reader.tensors.values())
+        dtype = args.dtype or source_dtype(reader, hf_config)
+    model_cfg = ModelConfig.from_hf_config(hf_config, params_dtype=dtype, transformer_impl="local",
+                                           hf_dir=str(args.hf_dir))
     # This process builds the model unsplit; pad the vocab as the target TP will need it (a no-op for
     # power-of-two TP sizes, see ModelConfig.padded_vocab_size).
     model_cfg.make_vocab_size_divisible_by = math.lcm(model_cfg.make_vocab_size_divisible_by, args.tensor_parallel)
@@ -52,20 +103,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = hf_io.prepare_output_dir(args.output, force=args.force)
 
-    hf_state = hf_io.load_hf_state(args.hf_dir)
-    full_state = hf_mapping.hf_to_megatron(hf_state, model_cfg, tensor_parallel_size=args.tensor_parallel)
-    del hf_state
-
     # megatron-core is imported only now: argument and shape errors above come back in a second.
     from dapo_megatron import checkpoint
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import load_full_state
+    from dapo_megatron.models.weights import load_hf_weights
 
     single = ParallelConfig()
     layout = initialize(single, seed=0)
+    print(f"building the {model_cfg.num_parameters() / 1e9:.2f}B-parameter model in {dtype}", file=sys.stderr,
+          flush=True)
     model = build_gpt_model(model_cfg, single, layout)
-    load_full_state(model, full_state, model_cfg, layout)
+    progress = ReadProgress(total_bytes)
+    load_hf_weights(model, args.hf_dir, model_cfg, layout, progress=progress)
+    print(f"writing torch_dist to {out_dir}", file=sys.stderr, flush=True)
     saved = checkpoint.save_model(model, out_dir, step=0, model_cfg=model_cfg, layout=layout)
     shutdown()
 
@@ -74,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{model_cfg.num_attention_heads} heads / {model_cfg.num_query_groups} KV groups, vocab "
           f"{model_cfg.vocab_size} (padded {model_cfg.padded_vocab_size(args.tensor_parallel)}), "
           f"tied embeddings: {model_cfg.tie_word_embeddings}\n"
-          f"  {len(full_state)} Megatron tensors, {model_cfg.num_parameters():,} parameters, {args.dtype}\n"
+          f"  {progress.tensors} Megatron tensors, {model_cfg.num_parameters():,} parameters, {dtype}\n"
           f"  checked for tp {args.tensor_parallel} x pp {args.pipeline_parallel}; loads under any layout\n"
-          f"  took {time.time() - started:.1f}s")
+          f"  took {time.time() - started:.1f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
     return 0
 
 

@@ -85,6 +85,7 @@ _TE_NORM_NAMES = {
 }
 _FROM_TE_NORM_NAMES = {te: local for local, te in _TE_NORM_NAMES.items()}
 
+_EXTRA_STATE = re.compile(r"(^|\.)_extra_state(/|$)")
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _LAYER_INDEX = re.compile(r"(?<![^.])decoder\.layers\.(\d+)\.")  # at the start or after a wrapper prefix
 _STACKED_LAYER_NAME = re.compile(r"decoder\.layers\.(\D.*)")  # torch_dist: no index, layers on axis 0
@@ -101,11 +102,12 @@ def canonical_megatron_name(name: str) -> str | None:
     """The canonical name of a Megatron state-dict entry, or None for entries that are not weights.
 
     Strips `module.` wrappers (DDP, Float16Module), renames the Transformer Engine fused-norm names to the
-    local-spec names, and returns None for `_extra_state` (TE FP8 metadata, None in the local spec).
+    local-spec names, and returns None for `_extra_state` (TE FP8 metadata, None in the local spec), also in
+    torch_dist's form with a shard suffix (`linear_proj._extra_state/shard_0_8`).
     """
     while name.startswith("module."):
         name = name.removeprefix("module.")
-    if name.endswith("_extra_state"):
+    if _EXTRA_STATE.search(name):
         return None
     match = _LAYER_NAME.fullmatch(name)
     if match is None:

@@ -104,3 +104,14 @@ def test_te_spec_model_loads_exports_and_pushes_hf_weights(tmp_path: Path, monke
         checkpoint.load_model(local, saved)
         with torch.no_grad():
             torch.testing.assert_close(local(tokens, positions, None)[..., :cfg.vocab_size], logits, rtol=0, atol=0)
+
+
+def test_extra_state_is_not_a_weight_in_any_form() -> None:
+    from dapo_megatron.models.hf_mapping import canonical_megatron_name
+
+    # TE's FP8 metadata in memory, and as torch_dist stores the local spec's (a ShardedObject per layer block).
+    for name in ("decoder.layers.3.self_attention.linear_qkv._extra_state",
+                 "decoder.layers.self_attention.linear_proj._extra_state/shard_0_8"):
+        assert canonical_megatron_name(name) is None, name
+    assert canonical_megatron_name("decoder.layers.3.mlp.linear_fc1.layer_norm_weight") == \
+        "decoder.layers.3.pre_mlp_layernorm.weight"
