@@ -7,7 +7,6 @@ per-parameter layout rules (which dim is split, the fc1 gate/up interleave) live
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,21 +112,55 @@ def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
 
 
 def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str,
-              *, tokenizer_dir: Path | str | None = None) -> Path | None:
-    """Collective: write the model as a Hugging Face directory from rank 0 (weights in the model's dtype,
-    config.json from `cfg`, tokenizer files copied from `tokenizer_dir`)."""
-    from dapo_megatron.models import hf_io
+              *, base_dir: Path | str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path | None:
+    """Collective: write the model as a Hugging Face directory `out_dir` (returned on rank 0, None elsewhere).
 
-    full = gather_full_state(model, cfg, layout)
-    if full is None:
-        return None
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf_io.save_hf_state(hf_mapping.megatron_state_to_hf(full, cfg), out_dir)
-    if tokenizer_dir is not None:
-        hf_io.copy_hf_assets(tokenizer_dir, out_dir)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config(), indent=2))
-    return out_dir
+    Streamed: the first replica of each pipeline stage (tp 0, dp 0) writes its stage's tensors, gathered over
+    TP one at a time, as safetensors shards into a staging directory beside `out_dir` (on a filesystem every
+    rank shares, as checkpoints need); rank 0 then writes the index and config.json and renames the directory
+    into place, replacing an earlier export only once this one is complete. config.json is `base_dir`'s (the
+    base model's: bos/eos_token_id and the rest are kept) if it has one, else `cfg.to_hf_config()`, with the
+    weights' dtype; the tokenizer files of `base_dir` are copied. If any rank fails, every rank raises and
+    the staging directory is removed.
+    """
+    from dapo_megatron.models import hf_export, hf_io
+
+    dtype = next(unwrap_model(model).parameters()).dtype
+    staging: list[Path | None] = [hf_export.make_staging(out_dir) if layout.rank == 0 else None]
+    torch.distributed.broadcast_object_list(staging, src=0)
+    files: list[hf_export.ShardFile] = []
+    failure = None
+    if layout.dp_rank == 0:  # other replicas hold the same weights
+        writer = None
+        if layout.tp_rank == 0:
+            progress = hf_export.Progress(*hf_export.stage_totals(cfg, dtype, layout.pp_size, layout.pp_rank),
+                                          label=f"hf export (stage {layout.pp_rank})")
+            writer = hf_export.ShardWriter(staging[0], dtype, max_shard_bytes, progress=progress,
+                                           prefix=f"stage{layout.pp_rank:05d}-")
+        for name, full in iter_full_tensors(model, cfg, layout):
+            if writer is None or failure is not None:
+                continue  # still gather: the other TP ranks are in the same collectives
+            try:
+                writer.add_megatron(name, full, cfg)
+            except Exception as error:  # reported to rank 0, then raised on every rank
+                failure = f"rank {layout.rank}: {error!r}"
+        if writer is not None and failure is None:
+            try:
+                files = writer.finish()
+            except Exception as error:
+                failure = f"rank {layout.rank}: {error!r}"
+    reports = [None] * layout.world_size if layout.rank == 0 else None
+    torch.distributed.gather_object((files, failure), reports, dst=0)
+    errors: list[list[str] | None] = [None]
+    if layout.rank == 0:
+        base = hf_io.read_hf_config(base_dir) if base_dir and (Path(base_dir) / "config.json").exists() else None
+        errors = [hf_export.publish_stages(staging[0], out_dir, reports, hf_export.export_config(base, cfg, dtype),
+                                           base_dir)]
+    torch.distributed.broadcast_object_list(errors, src=0)
+    if errors[0]:
+        raise RuntimeError(f"Hugging Face export to {out_dir} failed; nothing was published there:\n  "
+                           + "\n  ".join(errors[0]))
+    return Path(out_dir) if layout.rank == 0 else None
 
 
 @torch.no_grad()
