@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Evaluate a policy with the rollout engine: k samples per problem, avg@k and pass@k.
 
-    python tools/eval.py --model DIR [--checkpoint CKPT] [--device auto|cpu|cuda] [hydra overrides, e.g.
-        experiment=dapo_qwen2.5_7b data.eval_files=[aime.parquet,math500.parquet] eval.samples_per_problem=32
-        eval.temperature=1.0 eval.top_p=0.7 rollout.max_response_length=20480]
+    python tools/eval.py --model DIR [--checkpoint CKPT] [--device auto|cpu|cuda] [--output-json PATH]
+        [hydra overrides, e.g. experiment=dapo_qwen2.5_7b data.eval_files=[aime.parquet,math500.parquet]
+        eval.samples_per_problem=32 eval.temperature=1.0 eval.top_p=0.7 rollout.max_response_length=20480]
 
 --model is a Hugging Face directory (weights, config and tokenizer). With --checkpoint, the weights come
 from a torch_dist checkpoint instead (exported to a temporary HF directory first). Without data.eval_files

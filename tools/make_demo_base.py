@@ -5,10 +5,10 @@
 
 DAPO starts from a pretrained base model; the demo has none, so this trains one from scratch with a
 supervised warm-up on the arithmetic task (real megatron-core), stopping as soon as held-out greedy
-accuracy reaches `warmup.target_accuracy` (default 15%): the format is learned, the arithmetic mostly
-not, which leaves RL something to teach. The result is an ordinary HF directory (config.json, safetensors,
-the character tokenizer, warmup_summary.json) that the trainer loads through the same HF -> Megatron
-mapping as Qwen2.5. Same seed and overrides, same base, on the same software versions. With
+accuracy reaches `warmup.target_accuracy` (default 0.22, inside the steep rise that follows learning the
+format): the format is learned, the arithmetic mostly not, which leaves RL something to teach. The result
+is an ordinary HF directory (config.json, safetensors, the character tokenizer, warmup_summary.json) that
+the trainer loads through the same HF -> Megatron mapping as Qwen2.5. Same seed and overrides, same base, on the same software versions. With
 `model.hf_dir=<an earlier base>` (and its model and task overrides) the warm-up continues that base.
 """
 

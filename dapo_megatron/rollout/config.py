@@ -28,8 +28,9 @@ class RolloutConfig:
     max_total_tokens: int = 65536
     """KV-cache capacity in tokens on CPU, where there is no memory fraction to size it from. Below
     `max_concurrent_requests x (max_prompt_length + max_response_length)` the engine queues requests and
-    retracts running ones (recomputing them) when it fills; a CPU engine warns at start. At ~30M parameters,
-    256 requests of ~150 tokens generated 1.34x faster with 65536 than with 16384."""
+    retracts running ones (recomputing them) when it fills, which costs generation time; a CPU engine warns
+    at start (`kv_shortfall`). The default holds 256 requests of the ~30M benchmark's length (see
+    bench/RESULTS.md, 'Engine KV cache')."""
     dtype: str = "auto"
     """Engine dtype; auto = the policy's params_dtype."""
     quantization: str | None = None
@@ -55,12 +56,14 @@ class RolloutConfig:
     log_dir: str | None = None
     """Engine logs; None = <output_dir>/logs."""
     cpu_idle_cores: bool = True
-    """CPU engines: while the trainer only waits for its engine (the batch generated ahead, a synchronous
-    rollout, an evaluation) the engine computes on the rank's whole share of the cores, and beside an update on
-    the threads it was started with (OMP_NUM_THREADS, else one). The mirror of trainer.cpu_idle_cores.
-    Measured on two cores, a batch generated on two threads against one: 0.69x the time at ~30M parameters,
-    0.83x for the demo's 165k; yet in the demo's run the driving rank's streaming and reward scoring, which also
-    run while the trainer waits, lost more than that (off there). Ignored on GPUs."""
+    """CPU engines: while the trainer only waits for its engine (the rest of a batch generated ahead, a
+    synchronous rollout, an evaluation, the first sync's check) the engine computes on the rank's whole share
+    of the cores; beside an update it keeps to the threads it was started with (OMP_NUM_THREADS, else one),
+    so the two never oversubscribe the cores. The trainer's side is trainer.cpu_idle_cores; both are applied
+    by trainer/cpu_threads.py. It pays where generation dominates the wait (a ~30M model); at the demo's 165k
+    parameters the driving rank's streaming and reward scoring, which run during the same wait, need the
+    second core as much as the engine does, so the demo turns it off (see bench/RESULTS.md, 'CPU idle
+    cores'). Ignored on GPUs."""
 
     # --- weight sync ---
     sync_bucket_mb: int = 512

@@ -161,13 +161,15 @@ class SGLangEngine:
                     # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
                     # SGLang checks it as "host memory that vanished while the weights loaded < fraction x free
                     # memory before", so whatever a neighbour (another engine starting, a trainer building its
-                    # model) allocates meanwhile counts as weights: at 0.05 ~1 GB of 20 free refused the start
-                    # (seen in a parallel test run). Half tolerates any neighbour that leaves room to run.
+                    # model) allocates meanwhile counts as weights, and a small fraction (0.05 of 20 GB free)
+                    # refuses to start beside a neighbour's ~1 GB. Half tolerates any neighbour that leaves room
+                    # to run.
                     "--mem-fraction-static", "0.5", "--max-total-tokens", str(self.cfg.max_total_tokens),
                     "--disable-cuda-graph", "--skip-server-warmup",
-                    # Idle, the scheduler otherwise spins at 100% of a core while the trainer computes on
-                    # the same cores (measured: a 2-thread trainer ran 2.5x slower beside it). It polls its
-                    # sockets instead, so a request still wakes it at once.
+                    # Idle, the scheduler otherwise spins a whole core while the trainer computes on the
+                    # same cores, and a trainer on more than one thread slows down beside it (see
+                    # bench/RESULTS.md, 'CPU idle cores'). It polls its sockets instead, so a request still
+                    # wakes it at once.
                     "--sleep-on-idle",
                     "--custom-weight-loader", cpu_weight_loader.LOAD_FORMAT, *self.extra_args]
         return [sys.executable, "-m", "sglang.launch_server", *common,

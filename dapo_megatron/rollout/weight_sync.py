@@ -126,7 +126,7 @@ def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
 
 def shared_buffer(nbytes: int) -> torch.Tensor:
     """A uint8 tensor allocated directly in shared memory (`share_memory_()` on a fresh tensor would allocate
-    twice and copy: 0.5 s for 580 MB, measured, against 0.06 s for the copy into a buffer reused across syncs)."""
+    it twice and copy it, several times the cost of copying into a buffer reused across syncs)."""
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
@@ -313,7 +313,7 @@ class WeightSync:
     def _host_staging(self, nbytes: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
         """One host buffer for every bucket of every sync, grown when a bucket does not fit. Each push has
         finished with it before returning, and allocating (for shared memory: re-faulting) a fresh buffer
-        per bucket dominated the sync (measured)."""
+        per bucket would cost more than the copy into it."""
         if self._staging is None or self._staging.numel() < nbytes:
             self._staging = None  # drop the old one before allocating its successor
             self._staging = allocate(max(nbytes, min(self.bucket_bytes, 2**30)))
@@ -333,7 +333,7 @@ class TensorWeightSync(WeightSync):
                  engine_owners: Sequence[int] | None = None) -> None:
         if layout.device.type == "cpu":
             # The default strategy passes file descriptors, which only processes sharing our multiprocessing
-            # authkey can receive; SGLang's scheduler would fail to unpickle and crash (measured).
+            # authkey can receive; SGLang's scheduler fails to unpickle them and crashes.
             torch.multiprocessing.set_sharing_strategy("file_system")
         super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
                          timeout_s=timeout_s, engine_owners=engine_owners)
@@ -342,7 +342,8 @@ class TensorWeightSync(WeightSync):
         if self.layout.device.type == "cpu":
             # Parameters in shared memory reach a same-node engine with no copy on our side: every tensor the
             # HF mapping yields as a view of one (all but the split q/k/v) is pickled where it lies, and only
-            # the rest goes through the staging buffer. Halved the sync time at 110M parameters (measured).
+            # the rest goes through the staging buffer, which saves a copy of most of the bytes (see
+            # bench/RESULTS.md, 'Weight sync').
             # `share_memory_` moves a storage once and in place, so views (DDP's buffers) follow.
             for param in model.parameters():
                 if not param.untyped_storage().is_shared():
@@ -500,7 +501,7 @@ def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_t
         # The engine slices its own TP shard from the full tensors: the same payload for every rank, but
         # pickled once per receiving process. Pickling a shared-memory tensor takes one reference that the
         # receiver gives back; one pickle read by two processes gives back two, and the second unlinks the
-        # buffer under us (measured: the next sync failed to open it).
+        # buffer under us, and the next sync cannot open it.
         serialized = [serialize(payload) for _ in range(engine_tp_size)]
         post_all([url], "/update_weights_from_tensor", {
             "serialized_named_tensors": serialized,

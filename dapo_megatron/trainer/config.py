@@ -136,13 +136,14 @@ class TrainerConfig:
     generated ahead, so a resumed run trains on it next."""
     cpu_idle_cores: bool = True
     """CPU jobs: the trainer computes on this rank's whole share of the cores (its CPU affinity over the ranks
-    of the node) whenever the engine is not generating, and on the threads it was started with
-    (OMP_NUM_THREADS; tools/demo.sh sets 1; unset, the share less the engine's one thread) while the engine
-    generates a batch ahead beside the update; the batch ahead being complete frees the engine's cores for the
-    update's remaining optimizer steps. False: always the threads it was started with (unset, the same share
-    less one). Ignored on GPUs. Whole-tensor sums (the gradient norm) can differ
-    in the last bit between thread counts, and generating ahead the switch depends on timing: set false
-    where two runs of the trainer must agree bit for bit."""
+    of the node) whenever the engine is not generating (a synchronous update; generating ahead, the optimizer
+    steps that start once the batch ahead is complete, checked between optimizer steps), and on the threads it
+    was started with (OMP_NUM_THREADS; tools/demo.sh sets 1; unset, the share less the engine's one thread)
+    while the engine generates beside the update: more threads there would oversubscribe the cores (see
+    bench/RESULTS.md, 'CPU idle cores'). False: always the threads it was started with. The engine's side is
+    rollout.cpu_idle_cores; both are applied by trainer/cpu_threads.py. Ignored on GPUs. Whole-tensor sums (the
+    gradient norm) can differ in the last bit between thread counts, and generating ahead the switch depends on
+    timing: set false where two runs of the trainer must agree bit for bit."""
 
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""

@@ -1,16 +1,10 @@
 """Intra-op threads of a CPU trainer that shares its cores with the rollout engine.
 
-On CPU the SGLang engine and the policy compute on the same cores. While the engine generates beside an
-update (the batch ahead, `trainer.overlap_rollout`) the trainer keeps to the threads it was started with
-(OMP_NUM_THREADS; the demo sets 1, the engine takes 1; unset: the rank's share of the cores less the
-engine's thread, not torch's default of every core): more would oversubscribe the cores and gained nothing
-when measured (~30M parameters: 27.9 s per step with two passive-waiting trainer threads beside the engine,
-against 28-30 s with one; beside an engine that spun a core, two threads trained 2.5x slower). Whenever the
-engine has nothing to generate (a synchronous update, or the batch ahead is already complete) the trainer
-takes this rank's whole share of the cores. The other way round, while the trainer only waits for its
-engine (the batch generated ahead, or a synchronous rollout or an evaluation) that engine may compute on the
-rank's share too (`rollout.cpu_idle_cores`, through `rollout/engine_threads.py`); beside an update it keeps
-to the threads it was started with. On GPUs nothing changes.
+On CPU the SGLang engine and the policy compute on the same cores, so each takes the rank's whole share of
+them only while the other is idle, and otherwise keeps to the threads it was started with. What each side
+does is documented where it is switched on: `trainer.cpu_idle_cores` (the trainer, set here from the
+training thread) and `rollout.cpu_idle_cores` (the engine, told through `rollout/engine_threads.py`). On GPUs
+nothing changes.
 """
 
 from __future__ import annotations
