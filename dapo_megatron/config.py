@@ -44,7 +44,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     seed: int = 1234
     output_dir: str = "outputs/${experiment_name}"
-    """Checkpoints, TensorBoard logs and the resolved config go here."""
+    """Checkpoints, TensorBoard logs (with metrics.jsonl) and engine logs go here."""
     experiment_name: str = "default"
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """The GPUs a recipe is planned for (read by the dry run and tools/plan_memory.py)."""
