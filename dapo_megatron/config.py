@@ -21,6 +21,7 @@ from dapo_megatron.data.config import DataConfig
 from dapo_megatron.distributed.config import ClusterConfig, ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.fp8 import alignment_error as fp8_alignment_error
+from dapo_megatron.models.sequence_padding import job_padding_reason, job_sequence_multiple, padded_length
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.placement import engine_placement
@@ -122,11 +123,7 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} exceeds "
             f"model.max_position_embeddings={model.max_position_embeddings}; shorten them or use a model with a "
             "longer context.")
-    if trainer.max_tokens_per_micro_batch and trainer.max_tokens_per_micro_batch < longest_row:
-        raise ConfigError(
-            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} cannot hold the longest possible "
-            f"row, rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens; raise it to at "
-            f"least {longest_row} or set it to null (fixed trainer.micro_batch_size).")
+    _validate_token_budget(job)
     if rollout.num_engines:
         try:  # the device decides the automatic count only
             engine_placement(world_size, rollout, device="cpu")
@@ -152,6 +149,21 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer).")
     _validate_old_log_prob_source(job)  # first: its fix for quantized rollouts is not the TIS one below
     _validate_low_precision(job)
+
+
+def _validate_token_budget(job: JobConfig) -> None:
+    """A micro-batch budget must hold the longest possible row as the model computes it, padded to the
+    sequence multiple (`models/sequence_padding.py`), or the planner would refuse it mid-run."""
+    budget, longest_row = job.trainer.max_tokens_per_micro_batch, job.rollout.max_sequence_tokens
+    multiple = job_sequence_multiple(job.parallel, job.model.fp8)
+    computed = padded_length(longest_row, multiple)
+    if budget and budget < computed:
+        padding = (f", which the model computes as {computed} (every micro-batch is right-padded to a multiple of "
+                   f"{multiple}: {job_padding_reason(job.parallel, job.model.fp8)})" if computed > longest_row else "")
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={budget} cannot hold the longest possible row, "
+            f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens{padding}; raise it to "
+            f"at least {computed} or set it to null (fixed trainer.micro_batch_size).")
 
 
 def _validate_low_precision(job: JobConfig) -> None:

@@ -22,6 +22,7 @@ from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import MetricsLogger, format_line
+from dapo_megatron.models.sequence_padding import job_sequence_multiple
 from dapo_megatron.trainer.actor import Actor
 from dapo_megatron.trainer.batch import RankShare, split_rows
 
@@ -77,6 +78,7 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
             if layout.is_logging_rank:
                 metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
         ahead = job.trainer.overlap_rollout
+        multiple = job_sequence_multiple(job.parallel, job.model.fp8)  # token budgets count the model's padding
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
@@ -85,7 +87,7 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
             if ahead and step < job.trainer.total_steps:
                 session.generate_ahead()                   # the next batch, sampled by the weights before this update
             session.release_rollout_memory()                                     # GPU: engine steps aside
-            share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer)
+            share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
             train_metrics = update_policy(session.actor, share, off_policy=ahead,  # CPU: + the cores the engine frees
                                           before_each_step=session.threads.take_idle_cores)
             wait_seconds = session.wait_for_ahead()                 # the engine takes no weights mid-generation

@@ -19,9 +19,12 @@ trainer cuts the model's output back to the real width before the loss (`trainer
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.models.fp8 import Fp8Config
+
+if TYPE_CHECKING:
+    from dapo_megatron.distributed.config import ParallelConfig
 
 
 def sequence_multiple(*, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
@@ -46,6 +49,27 @@ def model_sequence_multiple(config: Any) -> int:
     return sequence_multiple(tensor_parallel_size=config.tensor_model_parallel_size,
                              sequence_parallel=config.sequence_parallel,
                              context_parallel_size=config.context_parallel_size, fp8_alignment=fp8_alignment)
+
+
+def job_sequence_multiple(parallel: ParallelConfig, fp8: Fp8Config) -> int:
+    """`sequence_multiple` from a job's configs (`parallel`, `model.fp8`), before any model exists: the
+    multiple `model_sequence_multiple` reads off the model built from them. The trainer plans token-budget
+    micro-batches (`trainer/packing.py`) and the config check and memory planner size them with it."""
+    # No context parallelism: ParallelConfig has no CP size, and the model is built with CP 1.
+    return sequence_multiple(tensor_parallel_size=parallel.tensor_model_parallel_size,
+                             sequence_parallel=parallel.sequence_parallel,
+                             fp8_alignment=fp8.gemm_alignment if fp8.enabled else 1)
+
+
+def job_padding_reason(parallel: ParallelConfig, fp8: Fp8Config) -> str:
+    """Which settings make `job_sequence_multiple` what it is, for messages ("" when it is 1)."""
+    reasons = []
+    if parallel.sequence_parallel:
+        reasons.append("parallel.sequence_parallel splits the sequence over parallel.tensor_model_parallel_size="
+                       f"{parallel.tensor_model_parallel_size}")
+    if fp8.enabled:
+        reasons.append(f"model.fp8 GEMMs need a multiple of {fp8.gemm_alignment} tokens on each rank")
+    return "; ".join(reasons)
 
 
 def padded_length(length: int, multiple: int) -> int:

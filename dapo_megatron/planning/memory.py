@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.sequence_padding import job_sequence_multiple, padded_length
 from dapo_megatron.rollout.placement import check_overlap, engine_placement
 
 if TYPE_CHECKING:
@@ -85,8 +86,8 @@ def planned_transformer_impl(model: ModelConfig) -> str:
 def stage_parameters(model: ModelConfig, *, tp: int, pp: int, pp_rank: int) -> list[ParamSpec]:
     """This rank's parameters in `GPTModel.named_parameters()` order (any TP rank of stage `pp_rank`).
 
-    Local layers register each RMSNorm separately, and in fp32: megatron-core's `WrappedTorchNorm` builds
-    `torch.nn.RMSNorm` without `params_dtype`. Transformer Engine fuses each norm into the following
+    Local layers register each RMSNorm separately, and in fp32: the project's `models/norm.RMSNorm` is a
+    `torch.nn.RMSNorm` built without `params_dtype`. Transformer Engine fuses each norm into the following
     linear layer (`layer_norm_weight`) in the parameter dtype.
     """
     h, d, dtype = model.hidden_size, model.head_dim, model.params_dtype
@@ -139,10 +140,6 @@ class GradBuffer:
     param_numels: tuple[int, ...]
 
 
-def _pad(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def grad_buffers(params: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool,
                  bucket_size: int | None) -> list[GradBuffer]:
     """The buffers megatron DDP builds for `params`: one per parameter dtype, in first-seen order."""
@@ -178,14 +175,14 @@ def _buffer_layout(ordered: Sequence[ParamSpec], *, dp: int, distributed_optimiz
     def close_bucket(bucket_end: int) -> int:
         nonlocal bucket_start, in_bucket
         if distributed_optimizer:
-            bucket_end = _pad(bucket_end, math.lcm(dp, 128))  # every DP rank owns an equal slice of each bucket
+            bucket_end = padded_length(bucket_end, math.lcm(dp, 128))  # every DP rank owns an equal slice of each bucket
         buckets.append((bucket_start, bucket_end))
         bucket_start, in_bucket = bucket_end, 0
         return bucket_end
 
     for param in ordered:
         if distributed_optimizer:
-            start = _pad(start, 64)  # 128-byte aligned parameters
+            start = padded_length(start, 64)  # 128-byte aligned parameters
         own_bucket = param.shared_embedding and distributed_optimizer
         if own_bucket and in_bucket:
             start = close_bucket(start)
@@ -348,7 +345,7 @@ def engine_weight_bytes(model: ModelConfig, *, engine_tp: int, dtype: str) -> in
     q = model.num_attention_heads * d // engine_tp
     kv = kv_heads_per_engine_rank(model, engine_tp) * d
     per_layer = (q + 2 * kv) * h + (q + 2 * kv) * model.add_qkv_bias + q * h + 3 * f // engine_tp * h + 2 * h
-    vocab_rows = -(-_pad(model.vocab_size, SGLANG_VOCAB_PADDING) // engine_tp)
+    vocab_rows = -(-padded_length(model.vocab_size, SGLANG_VOCAB_PADDING) // engine_tp)
     embeddings = vocab_rows * h * (1 if model.tie_word_embeddings else 2)
     return (model.num_layers * per_layer + embeddings + h) * DTYPE_BYTES[dtype]
 
@@ -421,11 +418,12 @@ def data_parallel_size(job: JobConfig) -> int:
 
 def micro_batching(job: JobConfig) -> tuple[int, int]:
     """(tokens per micro-batch, micro-batches per optimizer step per DP rank), at worst: every rollout at
-    full length. A token budget (trainer.max_tokens_per_micro_batch) is the most a micro-batch holds;
-    without one, micro_batch_size full-length rows."""
+    full length. Tokens are those the model computes: a full-length row padded to the sequence multiple
+    (`models/sequence_padding.py`). A token budget (trainer.max_tokens_per_micro_batch) is the most a
+    micro-batch computes; without one, micro_batch_size padded full-length rows."""
     sequences = job.trainer.ppo_mini_batch_size * job.rollout.n_samples_per_prompt
     per_rank = -(-sequences // data_parallel_size(job))
-    longest = job.rollout.max_sequence_tokens
+    longest = padded_length(job.rollout.max_sequence_tokens, job_sequence_multiple(job.parallel, job.model.fp8))
     budget = job.trainer.max_tokens_per_micro_batch
     rows = budget // longest if budget else job.trainer.micro_batch_size
     return budget or rows * longest, -(-per_rank // rows)

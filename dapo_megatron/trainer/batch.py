@@ -133,15 +133,16 @@ def near_equal_slice(n: int, parts: int, index: int) -> slice:
     return slice(n * index // parts, n * (index + 1) // parts)
 
 
-def split_rows(rows: PolicyRows, parts: int, index: int, trainer: TrainerConfig) -> RankShare:
+def split_rows(rows: PolicyRows, parts: int, index: int, trainer: TrainerConfig, *, multiple: int = 1) -> RankShare:
     """Data-parallel rank `index` of `parts`: its share of `rows` in training order and its micro-batches
-    (`plan_rank`)."""
-    plan = plan_rank(rows.widths().tolist(), parts, index, trainer)
+    (`plan_rank`; `multiple`: the model's sequence padding multiple, `models/sequence_padding.py`)."""
+    plan = plan_rank(rows.widths().tolist(), parts, index, trainer, multiple=multiple)
     order = [row for step in plan for mb in step for row in mb]
     return RankShare(rows.subset(torch.tensor(order, dtype=torch.long)), [[len(mb) for mb in step] for step in plan])
 
 
-def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerConfig) -> list[list[list[int]]]:
+def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerConfig, *,
+              multiple: int = 1) -> list[list[list[int]]]:
     """[optimizer step][micro-batch] -> row indices of data-parallel rank `index` of `parts`, for rows of
     `widths` (label positions each row needs).
 
@@ -149,7 +150,9 @@ def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerCon
     of trainer.optimizer_steps slices of each rank's contiguous slice of the batch. With a fixed
     trainer.micro_batch_size a rank keeps exactly those rows, in batch order. With
     trainer.max_tokens_per_micro_batch each step's rows are planned together (`packing.token_budget_plan`):
-    micro-batches within the budget, the same number on every rank, tokens balanced across ranks.
+    micro-batches within the budget, the same number on every rank, tokens balanced across ranks. The
+    budget counts the tokens the model computes: each micro-batch's length padded to `multiple`
+    (`models/sequence_padding.job_sequence_multiple` of the job; 1: no padding).
     """
     steps = trainer.optimizer_steps
     ranks = [range(len(widths))[near_equal_slice(len(widths), parts, rank)] for rank in range(parts)]
@@ -159,7 +162,7 @@ def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerCon
         if trainer.max_tokens_per_micro_batch:
             pool = [row for mine in members for row in mine]
             micro = token_budget_plan([widths[row] for row in pool], ranks=parts,
-                                      max_tokens=trainer.max_tokens_per_micro_batch)[index]
+                                      max_tokens=trainer.max_tokens_per_micro_batch, multiple=multiple)[index]
             plan.append([[pool[i] for i in mb] for mb in micro])
         else:
             plan.append(fixed_size_plan(members, trainer.micro_batch_size)[index])

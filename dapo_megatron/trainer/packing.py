@@ -1,14 +1,15 @@
 """Token-budget micro-batches, balanced over data-parallel ranks.
 
-A micro-batch is a rectangle: its rows are right-padded to its longest row, so it costs
-rows x longest-row tokens of compute and activation memory. Rows of one optimizer mini-batch are
-planned together (all DP ranks hold the whole batch, so every rank computes the same plan without
-communicating):
+A micro-batch is a rectangle: its rows are right-padded to its longest row, and the model pads that
+length on to the multiple sequence parallelism and FP8 need (`models/sequence_padding.py`), so it
+costs rows x padded-longest-row tokens of compute and activation memory; the budget counts exactly
+those. Rows of one optimizer mini-batch are planned together (all DP ranks hold the whole batch, so
+every rank computes the same plan without communicating):
 
 1. Sort the rows by width, longest first, and fill micro-batches greedily while
-   rows x first-row-width <= the budget. Neighbours in the sorted order have similar widths, so the
-   padding inside a micro-batch is small, and planning the whole mini-batch at once (not each rank's
-   share) makes those neighbours closer still.
+   rows x first-row-width (padded) <= the budget. Neighbours in the sorted order have similar widths,
+   so the padding inside a micro-batch is small, and planning the whole mini-batch at once (not each
+   rank's share) makes those neighbours closer still.
 2. Halve the costliest micro-batches until their number is a multiple of the DP size.
    Every rank must run the same number of forward passes: megatron-core's FP8 (delayed scaling)
    reduces amaxes over the tensor x data-parallel group in every forward pass, so ranks with fewer
@@ -31,13 +32,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dapo_megatron.models.sequence_padding import padded_length
+
 Plan = list[list[list[int]]]
 """[rank][micro-batch] -> row indices into the planned rows."""
 
 
-def padded_tokens(micro_batch: Sequence[int], widths: Sequence[int]) -> int:
-    """Tokens computed for `micro_batch` (row indices): its rows x its longest row; 0 when empty."""
-    return len(micro_batch) * max((widths[row] for row in micro_batch), default=0)
+def padded_tokens(micro_batch: Sequence[int], widths: Sequence[int], multiple: int = 1) -> int:
+    """Tokens computed for `micro_batch` (row indices): its rows x its longest row padded to `multiple`;
+    0 when empty."""
+    return len(micro_batch) * padded_length(max((widths[row] for row in micro_batch), default=0), multiple)
 
 
 def fixed_size_plan(rows_per_rank: Sequence[Sequence[int]], micro_batch_size: int) -> Plan:
@@ -46,31 +50,36 @@ def fixed_size_plan(rows_per_rank: Sequence[Sequence[int]], micro_batch_size: in
             for rows in rows_per_rank]
 
 
-def token_budget_plan(widths: Sequence[int], *, ranks: int, max_tokens: int) -> Plan:
-    """Micro-batches of at most `max_tokens` padded tokens over `widths` (one per row), the same number
-    on each of `ranks` ranks, with balanced token counts (see the module docstring).
+def token_budget_plan(widths: Sequence[int], *, ranks: int, max_tokens: int, multiple: int = 1) -> Plan:
+    """Micro-batches of at most `max_tokens` computed tokens over `widths` (one per row), the same number
+    on each of `ranks` ranks, with balanced token counts (see the module docstring). `multiple`: the
+    model pads every micro-batch's length to a multiple of this (`models/sequence_padding.py`).
 
     Raises:
-        ValueError: a row is wider than `max_tokens`, or there are fewer rows than ranks.
+        ValueError: a row, padded, is wider than `max_tokens`, or there are fewer rows than ranks.
     """
     if len(widths) < ranks:
         raise ValueError(f"{len(widths)} rows cannot give each of {ranks} data-parallel ranks a sequence")
     order = sorted(range(len(widths)), key=lambda row: -widths[row])  # stable: equal widths keep batch order
-    if widths[order[0]] > max_tokens:
-        raise ValueError(f"a row of {widths[order[0]]} tokens does not fit the micro-batch budget of "
+    # What the model computes per row; padding never reorders rows, so `order` is longest first here too.
+    computed = [padded_length(width, multiple) for width in widths]
+    if computed[order[0]] > max_tokens:
+        padding = (f" ({computed[order[0]]} as computed: the model pads micro-batches to a multiple of {multiple})"
+                   if computed[order[0]] != widths[order[0]] else "")
+        raise ValueError(f"a row of {widths[order[0]]} tokens{padding} does not fit the micro-batch budget of "
                          f"{max_tokens} tokens (trainer.max_tokens_per_micro_batch)")
     micro: list[list[int]] = []
     for row in order:
-        if not micro or (len(micro[-1]) + 1) * widths[micro[-1][0]] > max_tokens:
+        if not micro or (len(micro[-1]) + 1) * computed[micro[-1][0]] > max_tokens:
             micro.append([])
         micro[-1].append(row)
 
     target = -(-len(micro) // ranks) * ranks
-    plan, busiest = _assign(_split(micro, target, widths), widths, ranks)
+    plan, busiest = _assign(_split(micro, target, computed), computed, ranks)
     # A rank with a few large micro-batches balances coarsely: while one more, smaller, micro-batch per
     # rank takes at least 1% off the busiest rank's tokens (what the step waits for), use it.
-    while target + ranks <= len(widths):
-        candidate, load = _assign(_split(micro, target + ranks, widths), widths, ranks)
+    while target + ranks <= len(computed):
+        candidate, load = _assign(_split(micro, target + ranks, computed), computed, ranks)
         if load > 0.99 * busiest:
             break
         plan, busiest, target = candidate, load, target + ranks

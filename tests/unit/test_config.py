@@ -126,3 +126,19 @@ def test_hf_config_round_trip() -> None:
     assert again == model
     with pytest.raises(ValueError, match="model_type='llama'"):
         ModelConfig.from_hf_config({**model.to_hf_config(), "model_type": "llama"})
+
+
+def test_token_budget_must_hold_the_longest_row_as_padded() -> None:
+    # FP8 at TP 8 with sequence parallelism pads every micro-batch to a multiple of 8 x 16 = 128: a
+    # 100 + 200 = 300-token row is computed as 384 tokens, so a budget of 383 would refuse it mid-run.
+    bf16 = ["model=qwen2.5-32b", "parallel.tensor_model_parallel_size=8", "parallel.sequence_parallel=true",
+            "rollout.max_prompt_length=100", "rollout.max_response_length=200"]
+    fp8 = [*bf16, "model.fp8.enabled=true"]
+    with pytest.raises(C.ConfigError, match=r"max_tokens_per_micro_batch=383 cannot hold .* = 300 tokens, which the "
+                                            r"model computes as 384 \(.* multiple of 128: parallel.sequence_parallel"
+                                            r" .*model.fp8 .*\); raise it to at least 384"):
+        C.load([*fp8, "trainer.max_tokens_per_micro_batch=383"], world_size=8)
+    assert C.load([*fp8, "trainer.max_tokens_per_micro_batch=384"], world_size=8).trainer.max_tokens_per_micro_batch
+    # In bf16 the layout pads to a multiple of 8, which 300 is not either: 304.
+    with pytest.raises(C.ConfigError, match=r"computes as 304 .* multiple of 8: parallel\.sequence_parallel"):
+        C.load([*bf16, "trainer.max_tokens_per_micro_batch=303"], world_size=8)

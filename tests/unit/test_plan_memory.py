@@ -118,6 +118,22 @@ def test_suggested_layout_fits_when_applied_as_overrides() -> None:
     assert M.plan_memory(applied).fits
 
 
+def test_micro_batches_are_sized_by_the_padded_longest_row() -> None:
+    # FP8 at TP 8 with sequence parallelism pads micro-batches to a multiple of 128, so a 300-token rollout
+    # trains as 384 tokens. DP 16 ranks share 32 prompts x 16 samples: 32 sequences each per optimizer step.
+    short = ("model.fp8.enabled=true", "rollout.max_prompt_length=100", "rollout.max_response_length=200")
+    # Two full-length rows per micro-batch: 768 tokens computed, 16 micro-batches.
+    fixed = job(*short, "trainer.max_tokens_per_micro_batch=null", "trainer.micro_batch_size=2")
+    assert M.micro_batching(fixed) == (768, 16)
+    plan = M.plan_memory(fixed)
+    assert (plan.tokens_per_micro_batch, plan.micro_batches) == (768, 16)
+    # A 1000-token budget holds two 384-token rows (not three 300-token ones): 16 micro-batches of at most
+    # 1000 tokens.
+    assert M.micro_batching(job(*short, "trainer.max_tokens_per_micro_batch=1000")) == (1000, 16)
+    # In bf16 the multiple is 8: 304 tokens a row, three rows fit 1000, 11 micro-batches.
+    assert M.micro_batching(job(*short[1:], "trainer.max_tokens_per_micro_batch=1000")) == (1000, 11)
+
+
 def test_a_full_kv_cache_is_a_problem() -> None:
     plan = M.plan_memory(job("rollout.mem_fraction_static=0.3"))
     assert plan.kv_tokens < plan.sequence_tokens and not plan.fits

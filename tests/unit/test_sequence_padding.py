@@ -7,7 +7,13 @@ import pytest
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.models.sequence_padding import model_sequence_multiple, padded_length, sequence_multiple
+from dapo_megatron.models.fp8 import Fp8Config, transformer_config_kwargs
+from dapo_megatron.models.sequence_padding import (
+    job_sequence_multiple,
+    model_sequence_multiple,
+    padded_length,
+    sequence_multiple,
+)
 
 
 @pytest.mark.parametrize(("layout", "expected"), [
@@ -50,3 +56,19 @@ def test_model_multiple_reads_the_transformer_config(sequence_parallel: bool, fp
     if fp8:
         config.fp8, config.fp8_recipe = fp8
     assert model_sequence_multiple(config) == expected
+
+
+@pytest.mark.parametrize(("sequence_parallel", "fp8", "expected"), [
+    (False, Fp8Config(), 1), (True, Fp8Config(), 2), (True, Fp8Config(enabled=False, recipe="mxfp8"), 2),
+    (False, Fp8Config(enabled=True, recipe="mxfp8"), 32), (True, Fp8Config(enabled=True), 32)])
+def test_job_multiple_is_the_one_the_built_model_pads_to(sequence_parallel: bool, fp8: Fp8Config,
+                                                         expected: int) -> None:
+    # The planner and the config check take the multiple from the job's configs before any model exists;
+    # the forward pass reads it off the TransformerConfig built from the same configs. They must agree.
+    from dapo_megatron.models.qwen2 import transformer_config
+
+    parallel = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=sequence_parallel)
+    config = transformer_config(ModelConfig(), parallel)  # FP8 set afterwards: building it needs TE
+    for name, value in transformer_config_kwargs(fp8).items():
+        setattr(config, name, value)
+    assert job_sequence_multiple(parallel, fp8) == model_sequence_multiple(config) == expected

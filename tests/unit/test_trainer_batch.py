@@ -10,6 +10,7 @@ import torch
 
 from dapo_megatron import config as C
 from dapo_megatron.algo.config import AlgoConfig
+from dapo_megatron.models.sequence_padding import padded_length
 from dapo_megatron.trainer.actor import PolicyRows, dapo_loss_fn, micro_batch_sizes
 from dapo_megatron.trainer.batch import ScoredGroup, ScoredSample, policy_lag, split_rows
 from dapo_megatron.trainer.config import TrainerConfig
@@ -51,12 +52,14 @@ WIDTHS = [int(w) for w in torch.randint(2, 40, (37,), generator=torch.Generator(
 def test_optimizer_steps_train_on_the_same_rows_with_a_token_budget(ranks: int, steps: int) -> None:
     rows = numbered_rows(WIDTHS)
     per_step: dict[str, list[set[int]]] = {}
-    for name, config in {"fixed": trainer(steps), "budget": trainer(steps, budget=60)}.items():
-        shares = [split_rows(rows, ranks, rank, config) for rank in range(ranks)]
+    configs = {"fixed": (trainer(steps), 1), "budget": (trainer(steps, budget=60), 1),
+               "padded budget": (trainer(steps, budget=60), 16)}
+    for name, (config, multiple) in configs.items():
+        shares = [split_rows(rows, ranks, rank, config, multiple=multiple) for rank in range(ranks)]
         per_step[name] = [set().union(*(ids(share.mini_batches()[step][0]) for share in shares))
                           for step in range(steps)]
         assert sorted(i for share in shares for i in ids(share.rows)) == list(range(len(WIDTHS)))
-    assert per_step["budget"] == per_step["fixed"]
+    assert per_step["budget"] == per_step["padded budget"] == per_step["fixed"]
 
 
 def test_token_budget_shares_are_planned_micro_batches() -> None:
@@ -70,6 +73,18 @@ def test_token_budget_shares_are_planned_micro_batches() -> None:
             # Each micro-batch is cut to its longest row, and that row carries real tokens up to its end.
             assert mb.loss_mask[:, -1].any()
     assert len({size for share in shares for size in share.all_micro_batch_sizes}) > 1, "rows per micro-batch vary"
+
+
+def test_token_budget_shares_count_the_sequence_padding() -> None:
+    # Eight 300-token rows on two ranks, a 1000-token budget, micro-batches padded to 128 (FP8 at TP 8 with
+    # sequence parallelism): rows cost 384, so two per micro-batch (768), four micro-batches of two rows.
+    # Counting 300 per row would pack three (900 real, 1152 computed).
+    rows = numbered_rows([300] * 8)
+    shares = [split_rows(rows, 2, rank, trainer(steps=1, budget=1000), multiple=128) for rank in range(2)]
+    assert [share.micro_batch_sizes for share in shares] == [[[2, 2]], [[2, 2]]]
+    for share in shares:
+        for mb in share.rows.micro_batches(share.all_micro_batch_sizes):
+            assert mb.tokens.shape[0] * padded_length(mb.tokens.shape[1], 128) <= 1000
 
 
 def test_micro_batches_follow_the_sizes_and_an_empty_one_adds_nothing() -> None:

@@ -62,6 +62,22 @@ def test_little_padding_and_balanced_ranks() -> None:
     assert max(loads) / (sum(loads) / len(loads)) <= 1.05
 
 
+def test_the_budget_counts_the_padding_the_model_computes() -> None:
+    # FP8 at TP 8 with sequence parallelism pads micro-batches to a multiple of 128, so 300-token rows cost
+    # 384 tokens each: three fit a 1000-token budget as 900 real tokens, but would compute 1152.
+    widths = [300, 300, 300, 300]
+    assert token_budget_plan(widths, ranks=1, max_tokens=1000) == [[[0, 1, 2], [3]]]
+    plan = token_budget_plan(widths, ranks=1, max_tokens=1000, multiple=128)
+    assert plan == [[[0, 1], [2, 3]]]
+    assert [padded_tokens(mb, widths, 128) for mb in plan[0]] == [768, 768]
+
+
+def test_a_row_too_wide_once_padded_names_both_lengths() -> None:
+    with pytest.raises(ValueError, match=r"a row of 300 tokens \(384 as computed: .* multiple of 128\) does not "
+                                         r"fit the micro-batch budget of 320 tokens"):
+        token_budget_plan([300, 10], ranks=1, max_tokens=320, multiple=128)
+
+
 def test_too_wide_row_and_too_few_rows_are_errors() -> None:
     with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
         token_budget_plan([5, 11], ranks=1, max_tokens=10)
