@@ -18,23 +18,22 @@ Sizes:
   * large: a ~30M-parameter Qwen2 (hidden 512, 10 layers, FFN 1536, 8 heads, 2 KV heads; character vocab)
     built by the same warm-up with model overrides on `data.task=column_addition` (3-digit sums worked
     column by column: ~110-token responses), 8 prompts x 8 samples, responses up to 128 tokens, lr 2e-5, 4
-    optimizer steps per rollout batch; TRL runs 60 rollout steps to this project's 20 (at seed 0 it reaches the
-    target at step 50, after 40 steps at or below its base; this project reached it by step 10 to 20 in every
-    run since session 12: the 3x is room for TRL, so a TRL run that misses the target still bounds the ratio).
-    Building its base takes one to two hours on the 2-core machine (done once, kept in outputs/; one that
-    stopped short of its target continues with tools/make_demo_base.py --output NEW model.hf_dir=OLD and the
-    same model, task and warm-up overrides), and a rollout step ~40 s on either side (this project generating
-    until the batch is full; 75-100 s before the engine took the waiting trainer's core): not part of
-    bench/run.py's default run (`bench/run.py --large`).
+    optimizer steps per rollout batch; TRL runs 60 rollout steps to this project's 20: TRL needs far more
+    steps than this project to reach the target (bench/RESULTS.md, 'Time to accuracy'), and the 3x is room for
+    it, so a TRL run that misses the target still bounds the ratio. Building its base takes one to two hours
+    on the 2-core machine (done once, kept in outputs/; one that stopped short of its target continues with
+    tools/make_demo_base.py --output NEW model.hf_dir=OLD and the same model, task and warm-up overrides), and
+    a rollout step takes tens of seconds on either side: not part of bench/run.py's default run
+    (`bench/run.py --large`).
 Both sides: fp32, loss DAPO token-mean, clip 0.2 / 0.28, no KL, DAPO's scorer plus the soft overlong penalty
 over the same buffer, temperature 1, AdamW with constant lr, grad-norm clip 1, the whole machine: TRL with
-torch's default intra-op threads (every core; measured faster than one thread at both sizes, --trl-threads),
-this project with one thread per process and the next batch generated while the policy trains
-(`trainer.overlap_rollout`: the engine on one core, the trainer on the other; at the large size the engine
-takes both while the trainer only waits for it, `rollout.cpu_idle_cores`). Differences that stay: TRL
-generates with `model.generate` in-process, this project with SGLang; this project takes π_old from the
-engine's log-probs (`algo.old_log_prob_source=rollout`, as in the demo: same fp32 numerics on both sides),
-TRL recomputes it; this project runs dynamic sampling (DAPO's, streaming), TRL trains on every group,
+torch's default intra-op threads (every core, TRL's faster setting at both sizes: bench/RESULTS.md, 'TRL's
+threads'; --trl-threads), this project with one thread per process and the next batch generated while the
+policy trains (`trainer.overlap_rollout`: the engine on one core, the trainer on the other, each taking both
+while the other is idle: `trainer.cpu_idle_cores`, and at the large size `rollout.cpu_idle_cores`).
+Differences that stay: TRL generates with `model.generate` in-process, this project with SGLang; this project
+takes π_old from the engine's log-probs (`algo.old_log_prob_source=rollout`, as in the demo), TRL recomputes
+it; this project runs dynamic sampling (DAPO's, streaming), TRL trains on every group,
 including those whose advantages are all zero. So this project runs three times: with dynamic sampling for
 accuracy and time-to-accuracy, and for `same_work_steps` steps without it, training every group as TRL
 does, for the throughput comparison, once generating ahead and once synchronously (generation only between
@@ -91,11 +90,9 @@ LARGE_MODEL = ("model.hidden_size=512", "model.num_layers=10", "model.ffn_hidden
 LARGE_WARMUP = ("warmup.eval_mode=teacher_forced", "warmup.batch_size=32", "warmup.micro_batch_size=32",
                 "warmup.lr=1e-3", "warmup.eval_every=5", "warmup.eval_size=100", "warmup.max_steps=600",
                 "warmup.target_accuracy=0.2")
-"""The ~30M base on column addition. Measured: one build reached teacher-forced exact match 0.22 at step 485
-(63 minutes); another ran all 600 steps (2 hours, nice'd beside other work) and ended at 0.11 teacher-forced,
-0.12 held-out greedy; session 9's, on two threads, stayed at exact match 0.00 until step ~410 (loss 0.09), then
-rose to 0.21 at step 530 (2.0 hours, ~40 minutes of it beside the test suite). The warm-up is noisy at this
-size; check the base's summary before comparing runs."""
+"""The ~30M base on column addition. The warm-up is noisy at this size: builds with these settings stop at
+different steps, and some run out of steps short of the target (bench/RESULTS.md, 'The ~30M base'); check the
+base's summary before comparing runs."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +116,7 @@ class Size:
     target_acc: float
     same_work_steps: int  # of the run without dynamic sampling that measures throughput on TRL's work
     suffix: str  # of the printed keys
-    engine_idle_cores: bool = True  # rollout.cpu_idle_cores: the demo's config turns it off, measured slower there
+    engine_idle_cores: bool = True  # rollout.cpu_idle_cores: off at the demo size, as in the demo's config
     kv_tokens: int | None = None  # rollout.max_total_tokens, so the engine's KV cache holds every request in
     # flight (None: the demo config's, which holds its own)
 
@@ -133,12 +130,11 @@ SIZES = {
                   trl_steps=60, eval_every=5, eval_problems=200, target_acc=0.3, same_work_steps=10, suffix="",
                   kv_tokens=65536),
 }
-"""The large size's lr and target, from its base at 0.12 held-out: at lr 1e-4 both trainers lost accuracy within
-5 steps (this project 0.06, TRL 0.02). At 2e-5 over 20 steps (session 6, seed 0) this project reached 0.2 at
-step 20 (0.19 at step 10) and TRL fell to 0.06 after 0.16 at step 5; seed 1: this project peaked at 0.17 and
-ended at 0.13, TRL ended at 0.09. 100 problems put the noise near 0.03: 200 since session 9 (~0.03 on one
-evaluation, ~0.04 on a difference of two). Session 9's base (outputs/bench_base_30m_columns) starts at 0.215
-held-out, so the target is 0.30 (base + 0.08, about twice the noise of a difference, fixed before its runs)."""
+"""The large size's lr and target. At lr 1e-4 both trainers lose held-out accuracy within a few steps; at 2e-5
+this project holds or gains it (bench/RESULTS.md, 'Learning rate at ~30M'). 200 held-out problems put the
+noise near 0.03 on one evaluation and 0.04 on a difference of two; the base (outputs/bench_base_30m_columns)
+starts at 0.215 held-out, so the target is 0.30: the base plus 0.08, about twice the noise of a difference,
+fixed before any run."""
 
 
 def quick(size: Size) -> Size:

@@ -10,14 +10,14 @@ land under `benchmarks.<name>.details` of the output file. A benchmark that fail
 failed, with the tail of its output, and the others still run; the exit status is 1 when any failed.
 
 `--quick` shrinks every benchmark to a smoke test (seconds to a few minutes each): its numbers check that
-the pipeline works and mean nothing about performance. The output file holds at least the issue's keys
-(`None` where a benchmark did not run or failed), each benchmark's status, time, ratios and the load
+the pipeline works and mean nothing about performance. The output file holds at least the target keys
+(`REQUIRED_KEYS`; `None` where a benchmark did not run or failed), each benchmark's status, time, ratios and the load
 average around it (the machine is shared: a high load marks a number to rerun).
 
-`--large` adds the ~30M-parameter size of e2e_trl, which carries issue #7's headline keys
+`--large` adds the ~30M-parameter size of e2e_trl, which carries the headline keys
 (`e2e_throughput_vs_trl`, `time_to_accuracy_vs_trl`). On the 2-core machine it takes far longer than the
-issue's 20 minutes for the whole suite (bench/RESULTS.md has the measured times), so the default run leaves
-it out and reports those keys as None; give it a longer `--timeout` (e.g. 14400).
+20 minutes the whole default suite is meant to fit in (bench/RESULTS.md gives each run's wall time), so the
+default run leaves it out and reports those keys as None; give it a longer `--timeout` (e.g. 14400).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ REQUIRED_KEYS = (
     "generated_per_trained_vs_batch_sync", "sync_bytes_per_s_vs_memcpy", "logprob_peak_mem_vs_naive",
     "logprob_time_vs_naive", "real_token_fraction", "rollout_tokens_per_s_vs_stock",
 )
-"""The keys of issue #7 (plus bench_rollout's), always present in the JSON output."""
+"""The keys with a target in `TARGETS` or reported beside them (the demo-size e2e ratios, bench_rollout's), always
+present in the JSON output."""
 
 TARGETS: dict[str, tuple[str, float]] = {
     "e2e_throughput_vs_trl": (">=", 1.5),
@@ -54,7 +55,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "logprob_time_vs_naive": ("<=", 1.2),
     "real_token_fraction": (">=", 0.95),
 }
-"""Issue #7's targets; the demo-size e2e ratios are reported without one."""
+"""The benchmark targets (bench/RESULTS.md, 'Targets'); the demo-size e2e ratios are reported without one."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _text(data: str | bytes | None) -> str:
 
 
 def summary(results: list[Result]) -> dict[str, float | None]:
-    """The issue's keys from every benchmark's ratios (None where none reported it), plus all other ratios."""
+    """The `REQUIRED_KEYS` from every benchmark's ratios (None where none reported it), plus all other ratios."""
     merged: dict[str, float | None] = {}
     for result in results:
         merged.update(result.ratios)

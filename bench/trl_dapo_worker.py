@@ -126,8 +126,8 @@ def main() -> None:
         # The optimiser of configs/optim/adamw_demo.yaml.
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-        # GRPOConfig turns bf16 autocast on unless told otherwise, on CPU too; this project trains in fp32.
-        # (Sessions 3-5 measured TRL with it on: bf16 training against fp32 training.)
+        # GRPOConfig turns bf16 autocast on unless told otherwise, on CPU too; this project trains in fp32, and
+        # the comparison must be of the same numerics.
         bf16=False,
     )
     out = args.out.open("w")
