@@ -281,8 +281,9 @@ class Progress:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         rate = self.nbytes / elapsed
         eta = (self.total_bytes - self.nbytes) / rate if rate > 0 else float("inf")
-        print(f"{self.label}: {self.tensors}/{self.total_tensors} tensors, {self.nbytes / 2**30:.2f}/"
-              f"{self.total_bytes / 2**30:.2f} GiB, {rate / 2**20:.0f} MiB/s, {elapsed:.0f}s elapsed, "
+        unit, scale = ("GiB", 2**30) if self.total_bytes >= 2**30 else ("MiB", 2**20)
+        print(f"{self.label}: {self.tensors}/{self.total_tensors} tensors, {self.nbytes / scale:.2f}/"
+              f"{self.total_bytes / scale:.2f} {unit}, {rate / 2**20:.0f} MiB/s, {elapsed:.0f}s elapsed, "
               f"ETA {eta:.0f}s", file=self.stream, flush=True)
 
 

@@ -112,15 +112,16 @@ def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
 
 
 def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str,
-              *, base_dir: Path | str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path | None:
+              *, tokenizer_dir: Path | str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path | None:
     """Collective: write the model as a Hugging Face directory `out_dir` (returned on rank 0, None elsewhere).
 
     Streamed: the first replica of each pipeline stage (tp 0, dp 0) writes its stage's tensors, gathered over
     TP one at a time, as safetensors shards into a staging directory beside `out_dir` (on a filesystem every
     rank shares, as checkpoints need); rank 0 then writes the index and config.json and renames the directory
-    into place, replacing an earlier export only once this one is complete. config.json is `base_dir`'s (the
-    base model's: bos/eos_token_id and the rest are kept) if it has one, else `cfg.to_hf_config()`, with the
-    weights' dtype; the tokenizer files of `base_dir` are copied. If any rank fails, every rank raises and
+    into place, replacing an earlier export only once this one is complete. `tokenizer_dir` is the HF directory
+    the model comes from: its tokenizer and other non-weight files are copied, and its config.json, if it has
+    one, is kept whole (bos/eos_token_id and the rest) with the weights' dtype; without one config.json is
+    `cfg.to_hf_config()`. If any rank fails, every rank raises and
     the staging directory is removed.
     """
     from dapo_megatron.models import hf_export, hf_io
@@ -153,9 +154,10 @@ def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, 
     torch.distributed.gather_object((files, failure), reports, dst=0)
     errors: list[list[str] | None] = [None]
     if layout.rank == 0:
-        base = hf_io.read_hf_config(base_dir) if base_dir and (Path(base_dir) / "config.json").exists() else None
+        has_config = tokenizer_dir is not None and (Path(tokenizer_dir) / "config.json").exists()
+        base = hf_io.read_hf_config(tokenizer_dir) if has_config else None
         errors = [hf_export.publish_stages(staging[0], out_dir, reports, hf_export.export_config(base, cfg, dtype),
-                                           base_dir)]
+                                           tokenizer_dir)]
     torch.distributed.broadcast_object_list(errors, src=0)
     if errors[0]:
         raise RuntimeError(f"Hugging Face export to {out_dir} failed; nothing was published there:\n  "

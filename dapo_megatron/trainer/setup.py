@@ -312,5 +312,5 @@ class Session:
 
     def export_hf(self, step: int) -> None:
         export_hf(self.model, self.job.model, self.layout, self.out / "hf" / f"step_{step:07d}",
-                  base_dir=self.job.model.hf_dir)
+                  tokenizer_dir=self.job.model.hf_dir)
 

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             if layout.is_logging_rank:
                 char_tokenizer.save(tokenizer_dir)
             torch.distributed.barrier()
-            hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", base_dir=tokenizer_dir)
+            hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", tokenizer_dir=tokenizer_dir)
             if hf_dir is not None:
                 summary = {f"{job.warmup.eval_mode}_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
                            "task": job.data.task, "task_seed": job.data.split_seed(job.seed),

@@ -35,7 +35,7 @@ def main() -> None:
     model = build_gpt_model(model_cfg, parallel, layout)
     checkpoint.load_model(model, args.checkpoint)
     # Small shards, so that each stage writes several and the failure below comes mid-way.
-    exported = export_hf(model, model_cfg, layout, args.out, base_dir=args.base_dir, max_shard_bytes=40_000)
+    exported = export_hf(model, model_cfg, layout, args.out, tokenizer_dir=args.base_dir, max_shard_bytes=40_000)
     assert (exported is not None) == (layout.rank == 0)
 
     if layout.pp_rank == layout.pp_size - 1:
@@ -49,7 +49,7 @@ def main() -> None:
 
         hf_export.write_safetensors = failing_write
     try:
-        export_hf(model, model_cfg, layout, args.out, base_dir=args.base_dir, max_shard_bytes=40_000)
+        export_hf(model, model_cfg, layout, args.out, tokenizer_dir=args.base_dir, max_shard_bytes=40_000)
         outcome = "no error"
     except RuntimeError as error:
         outcome = str(error)

@@ -89,13 +89,11 @@ def test_failed_conversion_keeps_the_previous_export(base: tuple[Path, torch.nn.
     tool.main(["--checkpoint", str(ckpt), "--output", str(out), "--hf-config-dir", str(hf_dir)])
     before = {path.name: path.read_bytes() for path in out.iterdir()}
 
-    # A checkpoint whose second data file was cut short: reading fails once the conversion reaches it.
+    # A checkpoint whose last data file lost its final third: reading fails once the conversion reaches it.
     broken = tmp_path / "broken"
     shutil.copytree(ckpt, broken)
-    data_files = sorted((broken / "iter_0000000").glob("*.distcp"))
-    assert len(data_files) > 1
-    with open(data_files[-1], "r+b") as f:
-        f.truncate(f.seek(0, 2) // 3)
+    with open(sorted((broken / "iter_0000000").glob("*.distcp"))[-1], "r+b") as f:
+        f.truncate(f.seek(0, 2) * 2 // 3)
     capsys.readouterr()
     with pytest.raises(OSError, match="incomplete or damaged"):
         tool.main(["--checkpoint", str(broken), "--output", str(out), "--hf-config-dir", str(hf_dir), "--force",
