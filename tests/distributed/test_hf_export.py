@@ -102,6 +102,10 @@ def test_failed_conversion_keeps_the_previous_export(base: tuple[Path, torch.nn.
     assert done and not done[-1].startswith("convert: 51/51"), "the failure must come mid-way"
 
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    # Without a previous export nothing at all appears under the output's name.
+    with pytest.raises(OSError, match="incomplete or damaged"):
+        tool.main(["--checkpoint", str(broken), "--output", str(tmp_path / "fresh"), "--hf-config-dir", str(hf_dir),
+                   "--max-shard-size-gb", str(30_000 / 2**30)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "hf"], "no staging directory is left behind"
 
 
