@@ -10,14 +10,17 @@ you plan to train with: it is checked against the model (heads, query groups and
 and sets the vocabulary padding, before anything is loaded. --dtype defaults to the checkpoint's own,
 so a conversion is lossless unless asked otherwise.
 
-The HF tensors are read one at a time into the model (progress on stderr); the peak memory is the model
-in the target dtype plus what torch_dist's writer holds. Training jobs need no conversion: they read
-each rank's slices of the HF checkpoint directly (model.hf_dir).
+The model is never held in memory: each parameter is read from the HF checkpoint, fused, cast and
+written, then dropped (models/torch_dist_writer.py), so the peak memory is a few of the largest tensor
+whatever the model's size; progress goes to stderr. Training jobs need no conversion: they read each
+rank's slices of the HF checkpoint directly (model.hf_dir).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import resource
 import sys
@@ -106,19 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     # megatron-core is imported only now: argument and shape errors above come back in a second.
     from dapo_megatron import checkpoint
     from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import load_hf_weights
+    from dapo_megatron.models.torch_dist_writer import save_hf_as_torch_dist
 
-    single = ParallelConfig()
-    layout = initialize(single, seed=0)
-    print(f"building the {model_cfg.num_parameters() / 1e9:.2f}B-parameter model in {dtype}", file=sys.stderr,
+    layout = initialize(ParallelConfig(), seed=0)
+    print(f"writing {model_cfg.num_parameters() / 1e9:.2f}B parameters in {dtype} to {out_dir}", file=sys.stderr,
           flush=True)
-    model = build_gpt_model(model_cfg, single, layout)
     progress = ReadProgress(total_bytes)
-    load_hf_weights(model, args.hf_dir, model_cfg, layout, progress=progress)
-    print(f"writing torch_dist to {out_dir}", file=sys.stderr, flush=True)
-    saved = checkpoint.save_model(model, out_dir, step=0, model_cfg=model_cfg, layout=layout)
+    saved = checkpoint.step_dir(out_dir, 0)
+    saved.mkdir()
+    save_hf_as_torch_dist(args.hf_dir, model_cfg, layout, saved, progress=progress)
     shutdown()
+    (saved / checkpoint.MODEL_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2))
+    (out_dir / checkpoint.TRACKER_FILE).write_text("0\n")  # last: marks the checkpoint complete
 
     print(f"converted {args.hf_dir} -> {saved}\n"
           f"  model: {model_cfg.num_layers} layers, hidden {model_cfg.hidden_size}, "
