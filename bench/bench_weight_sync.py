@@ -4,7 +4,7 @@ each `rollout.sync_method` in the same run (same model, same engine).
 
     python bench/bench_weight_sync.py [--layers 12 --hidden 768 --vocab 32000 --repeats 3 --methods tensor distributed]
 
-Default: a ~110M-parameter Qwen2 in fp32 (~440 MB). Each sync is timed end to end (begin session, per-
+Default: a ~152M-parameter Qwen2 in fp32 (~580 MiB). Each sync is timed end to end (begin session, per-
 parameter gather, HF mapping, bucket flattening into the staging buffer, then either serialisation and the
 engine's copy out of shared memory (`tensor`) or a gloo broadcast into the engine (`distributed`), the
 engine's load into its model, end session). One untimed sync per method comes first, as in training, where
