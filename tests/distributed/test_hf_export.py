@@ -167,7 +167,7 @@ print("peak_kib", baseline, status("VmHWM"))
 
 
 @pytest.mark.slow
-def test_converter_peak_memory_is_bounded(tmp_path: Path) -> None:
+def test_converter_peak_memory_is_bounded_and_a_kill_keeps_the_export(tmp_path: Path) -> None:
     from dapo_megatron.models import hf_mapping
     from dapo_megatron.models.config import ModelConfig
 
@@ -198,3 +198,22 @@ def test_converter_peak_memory_is_bounded(tmp_path: Path) -> None:
     bound = 2 * largest + SHARD_BYTES + 128 * 2**20
     assert model_bytes > 600 * 2**20
     assert peak - baseline < bound, f"peak {(peak - baseline) / 2**20:.0f} MiB over the baseline; bound {bound / 2**20:.0f}"
+
+    # Killed mid-way (SIGKILL: no handler runs) while replacing that export: it stays whole under its name.
+    before = {path.name: path.stat().st_size for path in out.iterdir()}
+    index = (out / "model.safetensors.index.json").read_bytes()
+    killed = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "convert_megatron_to_hf.py"), "--checkpoint", str(ckpt), "--output",
+         str(out), "--hf-config-dir", str(hf_dir), "--max-shard-size-gb", str(SHARD_BYTES / 2**30), "--force",
+         "--dtype", "bfloat16", "--progress-every-s", "0"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in killed.stderr:
+            if line.startswith("convert: 40/"):
+                break
+    finally:
+        killed.kill()
+        killed.communicate()
+    staging = tmp_path / f"out.tmp-{killed.pid}"
+    assert any(staging.glob("part-*.safetensors")), "the kill must come after the first shards were written"
+    assert {path.name: path.stat().st_size for path in out.iterdir()} == before
+    assert (out / "model.safetensors.index.json").read_bytes() == index
