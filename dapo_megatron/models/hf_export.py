@@ -38,8 +38,8 @@ from dapo_megatron.models.config import ModelConfig
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-# The config.json fields that fix the tensors' shapes: always those of the weights being written.
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# The config.json fields that fix the tensors' shapes: always those of the weights being written.
 _SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                  "num_key_value_heads", "vocab_size", "tie_word_embeddings", "head_dim")
 
@@ -90,10 +90,12 @@ class ShardWriter:
     files: list[ShardFile] = field(default_factory=list)
     _pending: dict[str, torch.Tensor] = field(default_factory=dict)
     _pending_bytes: int = 0
+    _seen: set[str] = field(default_factory=set)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name in self._pending or any(name in f.names for f in self.files):
+        if name in self._seen:
             raise ValueError(f"tensor {name!r} was written twice")
+        self._seen.add(name)
         tensor = tensor.detach().to(device="cpu", dtype=self.dtype)
         nbytes = tensor.numel() * tensor.element_size()
         if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != nbytes:
@@ -192,12 +194,19 @@ def check_output(out_dir: Path | str, *, force: bool) -> Path:
 
 def make_staging(out_dir: Path | str) -> Path:
     """A fresh, empty `<out>.tmp-<pid>` beside `out_dir` (same filesystem, so `publish` is a rename).
-    Leftovers of killed exports (their process gone) are removed first."""
+    Leftovers of killed exports (their process gone) are cleared first: staging directories are removed, and
+    a previous export that `publish` had renamed aside is put back if nothing took its place."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
         if not _process_alive(stale.name.rsplit("-", 1)[-1]):
             shutil.rmtree(stale, ignore_errors=True)
+    for aside in out_dir.parent.glob(f"{out_dir.name}.old-*"):
+        if not _process_alive(aside.name.rsplit("-", 1)[-1]):
+            if out_dir.exists():
+                _remove(aside)
+            else:
+                aside.rename(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -239,8 +248,15 @@ def publish(tmp: Path, out_dir: Path | str) -> Path:
     tmp.rename(out_dir)
     _fsync_dir(out_dir.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        _remove(old)
     return out_dir
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:

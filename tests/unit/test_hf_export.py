@@ -117,6 +117,22 @@ def test_staging_left_by_a_killed_export_is_removed(tmp_path: Path) -> None:
     assert not dead.exists() and alive.exists()
 
 
+def test_an_export_renamed_aside_by_a_killed_publish_is_restored(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    aside = tmp_path / "export.old-999999999"  # killed between publish's two renames
+    aside.mkdir()
+    (aside / "model.safetensors").write_text("previous")
+    with pytest.raises(RuntimeError), hf_export.staging_dir(out):
+        raise RuntimeError("this export fails too")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert (out / "model.safetensors").read_text() == "previous"
+
+    aside.mkdir()  # with an export in place, a leftover is only removed
+    with hf_export.staging_dir(out) as staging:
+        hf_export.publish(staging, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
 def test_output_is_refused_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "export"
     assert hf_export.check_output(out, force=False) == out
