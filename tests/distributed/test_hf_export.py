@@ -81,6 +81,31 @@ def test_converter_keeps_the_base_config_with_the_tensors_dtype(
     assert progress and progress[-1].startswith("convert: 51/51 tensors"), progress
 
 
+def test_converter_without_a_base_config_describes_the_checkpoints_model(
+        base: tuple[Path, torch.nn.Module, dict, Path], tmp_path: Path) -> None:
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_megatron.checkpoint import read_model_config
+
+    _, model, _, ckpt = base
+    tool = load_tool()
+    out = tmp_path / "hf"
+    assert tool.main(["--checkpoint", str(ckpt), "--output", str(out)]) == 0
+    expected = {**read_model_config(ckpt).to_hf_config(), "torch_dtype": "float32"}
+    assert json.loads((out / "config.json").read_text()) == expected
+    tokens = torch.randint(0, 250, (1, 8), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(Qwen2ForCausalLM.from_pretrained(out)(tokens).logits, model(tokens).logits,
+                                   rtol=0, atol=0)
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(ckpt, foreign)
+    (foreign / "iter_0000000" / "dapo_model.json").unlink()
+    with pytest.raises(SystemExit, match="pass --hf-config-dir"):
+        tool.main(["--checkpoint", str(foreign), "--output", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
+
+
 def test_failed_conversion_keeps_the_previous_export(base: tuple[Path, torch.nn.Module, dict, Path],
                                                     tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     hf_dir, _, _, ckpt = base
