@@ -26,15 +26,13 @@ import resource
 import sys
 import time
 
-import torch
-
 from dapo_megatron.config import ConfigError, JobConfig, validate
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import hf_io
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+_DTYPES = ("bfloat16", "float32", "float16")
 
 
 def peak_rss_bytes() -> int:
@@ -67,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="checkpoint root to create (iter_0000000/ inside)")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="TP size you will train with")
     parser.add_argument("--pipeline-parallel", type=int, default=1, help="PP size you will train with")
-    parser.add_argument("--dtype", choices=list(_DTYPES.values()), default=None,
+    parser.add_argument("--dtype", choices=_DTYPES, default=None,
                         help="parameter dtype of the Megatron checkpoint (default: the HF checkpoint's)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     return parser.parse_args(argv)
@@ -75,13 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def source_dtype(reader: SafetensorsReader, hf_config: dict) -> str:
     """The dtype the HF weights are stored in: the tensors' when they agree, else config.json's."""
-    stored = {info.dtype for info in reader.tensors.values()}
+    stored = {str(info.dtype).removeprefix("torch.") for info in reader.tensors.values()}
     if len(stored) == 1 and next(iter(stored)) in _DTYPES:
-        return _DTYPES[next(iter(stored))]
+        return next(iter(stored))
     declared = hf_config.get("torch_dtype") or hf_config.get("dtype")
-    if declared in _DTYPES.values():
+    if declared in _DTYPES:
         return declared
-    raise ValueError(f"cannot tell the checkpoint's dtype (tensors: {sorted(map(str, stored))}, config.json: "
+    raise ValueError(f"cannot tell the checkpoint's dtype (tensors: {sorted(stored)}, config.json: "
                      f"{declared!r}); pass --dtype")
 
 
@@ -91,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     hf_config = hf_io.read_hf_config(args.hf_dir)
     with SafetensorsReader(args.hf_dir) as reader:
         total_bytes = sum(math.prod(info.shape) * info.dtype.itemsize for info in reader.tensors.values())
-        dtype = args.dtype or source_dtype(reader, hf_config)
+        try:
+            dtype = args.dtype or source_dtype(reader, hf_config)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     model_cfg = ModelConfig.from_hf_config(hf_config, params_dtype=dtype, transformer_impl="local",
                                            hf_dir=str(args.hf_dir))
     # This process builds the model unsplit; pad the vocab as the target TP will need it (a no-op for

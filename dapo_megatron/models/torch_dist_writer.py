@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def save_hf_as_torch_dist(hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str, *,
                           progress: Callable[[int, int, int], None] | None = None) -> None:
@@ -37,14 +35,14 @@ def save_hf_as_torch_dist(hf_dir: Path | str, cfg: ModelConfig, layout: Parallel
     from megatron.core import dist_checkpointing
 
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import _local_params
+    from dapo_megatron.models.weights import local_params
 
     if layout.world_size != 1:
         raise ValueError(f"save_hf_as_torch_dist runs in one process; this job has {layout.world_size} ranks")
     meta = dataclasses.replace(layout, device=torch.device("meta"))
     with torch.device("meta"):
-        model = build_gpt_model(cfg, _single_parallel(), meta)
-    params = {param.untyped_storage()._cdata: name for name, param in _local_params(model, cfg, meta)}
+        model = build_gpt_model(cfg, ParallelConfig(), meta)
+    params = {param.untyped_storage()._cdata: name for name, param in local_params(model, cfg, meta)}
     with SafetensorsReader(hf_dir) as reader:
         hf_mapping.check_hf_shapes(reader.shapes(), cfg)
         source = _HFSource(reader, cfg, params, progress)
@@ -54,12 +52,6 @@ def save_hf_as_torch_dist(hf_dir: Path | str, cfg: ModelConfig, layout: Parallel
         raise RuntimeError(f"torch_dist writer never asked for {missing}; the checkpoint is incomplete")
 
 
-def _single_parallel() -> Any:
-    from dapo_megatron.distributed.config import ParallelConfig
-
-    return ParallelConfig()
-
-
 class _HFSource:
     """The real values of the meta model's parameters, read from HF on demand. Keeps the last parameter, as
     torch_dist writes a parameter in parts (fc1's gate and up halves) one after the other."""
@@ -67,7 +59,7 @@ class _HFSource:
     def __init__(self, reader: SafetensorsReader, cfg: ModelConfig, params: dict[int, str],
                  progress: Callable[[int, int, int], None] | None) -> None:
         self.reader, self.cfg, self.params, self.progress = reader, cfg, params, progress
-        self.dtype = _DTYPES[cfg.params_dtype]
+        self.dtype = getattr(torch, cfg.params_dtype)
         self.done: set[str] = set()
         self._last: tuple[str, torch.Tensor] | None = None
 

@@ -1,7 +1,8 @@
 """Move whole (unsharded) Megatron tensors in and out of this rank's TP x PP shard of the model.
 
 Names on the outside are canonical: megatron-core local-spec names with the global layer index
-(`decoder.layers.17.mlp.linear_fc1.weight`), the vocabulary padded for the current TP size. The
+(`decoder.layers.17.mlp.linear_fc1.weight`), the vocabulary padded for the current TP size, whichever layer
+spec built the model (Transformer Engine's fused-norm names are mapped in `local_params`). The
 per-parameter layout rules (which dim is split, the fc1 gate/up interleave) live in `hf_mapping`.
 """
 
@@ -31,7 +32,7 @@ def _layer_offset(cfg: ModelConfig, layout: ParallelLayout) -> int:
     return hf_mapping.layer_range(cfg, layout.pp_size, layout.pp_rank).start
 
 
-def _local_params(model: torch.nn.Module, cfg: ModelConfig,
+def local_params(model: torch.nn.Module, cfg: ModelConfig,
                   layout: ParallelLayout) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """(canonical global name, parameter) for every parameter this rank owns.
 
@@ -54,7 +55,7 @@ def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tenso
                     layout: ParallelLayout) -> None:
     """Copy this rank's shard of each full tensor into the model. Every local parameter must be covered."""
     loaded = set()
-    for name, param in _local_params(model, cfg, layout):
+    for name, param in local_params(model, cfg, layout):
         if name not in full_state:
             raise KeyError(f"full state has no tensor for {name}")
         _copy_shard(name, param, hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size,
@@ -84,7 +85,7 @@ def iter_full_tensors(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
     gathered at a time, so at most one full tensor is alive beyond the model itself. `tensor_of`
     picks what to gather (`lambda p: p.main_grad` gathers gradients).
     """
-    for name, param in _local_params(model, cfg, layout):
+    for name, param in local_params(model, cfg, layout):
         local = tensor_of(param).detach()
         if layout.tp_size == 1 or hf_mapping.tensor_parallel_dim(name) is None:
             yield name, local
@@ -177,7 +178,7 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig
     """
     from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
-    params = list(_local_params(model, cfg, layout))
+    params = list(local_params(model, cfg, layout))
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
         # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
         params.append(("embedding.word_embeddings.weight", unwrap_model(model).output_layer.weight))
