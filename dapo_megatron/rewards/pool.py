@@ -39,7 +39,8 @@ from dapo_megatron.rewards.registry import score_sample
 __all__ = ["RewardItem", "RewardPool", "RewardResult", "ScoreFn", "Status", "status_counts"]
 
 ScoreFn = Callable[[str, str, str], Mapping[str, object]]
-"""``(solution, ground_truth, data_source) -> {"acc": bool, "pred": str}``. It must be picklable
+"""``(solution, ground_truth, data_source) -> {"acc": bool, "pred": str}``; other types (``acc="False"``,
+``acc=1``) score as errors. It must be picklable
 (a module-level function or a ``functools.partial`` of one) to reach the workers, and it runs in
 a daemonic process, so it cannot start processes of its own."""
 
@@ -79,10 +80,22 @@ def status_counts(results: Iterable[RewardResult]) -> dict[str, int]:
     return {"reward/timeouts": statuses.count("timeout"), "reward/errors": statuses.count("error")}
 
 
+def _checked_output(output: object) -> tuple[bool, str]:
+    # bool("False") is True: a scorer returning the wrong types must not turn into rewards.
+    if not isinstance(output, Mapping) or "acc" not in output:
+        raise TypeError(f"scorer must return a mapping with an 'acc' key; got {output!r:.200}")
+    acc, pred = output["acc"], output.get("pred", "")
+    if not isinstance(acc, bool):
+        raise TypeError(f"scorer returned acc={acc!r:.100} of type {type(acc).__name__}; it must be a bool")
+    if not isinstance(pred, str):
+        raise TypeError(f"scorer returned pred of type {type(pred).__name__}; it must be a str")
+    return acc, pred
+
+
 def _grade(score_fn: ScoreFn, item: RewardItem) -> tuple[Status, bool, str, str]:
     try:
-        output = score_fn(item.solution, item.ground_truth, item.data_source)
-        return "ok", bool(output["acc"]), str(output.get("pred", "")), ""
+        acc, pred = _checked_output(score_fn(item.solution, item.ground_truth, item.data_source))
+        return "ok", acc, pred, ""
     except Exception as error:  # any scorer bug must cost one sample, not the job
         return "error", False, "", f"{type(error).__name__}: {error}"
 

@@ -43,8 +43,7 @@ _MAX_EXPONENT_NUMERATOR = 10_000
 _MAX_EXPONENT_DENOMINATOR = 64
 _MAX_POWER_BITS = 100_000  # bit length allowed for an exact rational power like 10^{100}^{...}
 _MAX_SYMBOLIC_EXPONENT = 32  # (x+1)^{1000} would make expand/simplify explode
-_EVAL_DIGITS = 30
-_RELATIVE_TOLERANCE = 1e-20  # numeric check on irrational differences, evaluated with 30 digits
+_EVAL_DIGITS = 30  # significant digits that must be found for a difference to count as nonzero
 
 
 class AnswerParseError(ValueError):
@@ -391,9 +390,14 @@ def _scalar_equal(left: "sympy.Expr", right: "sympy.Expr") -> bool:
     # (1/(1+\sqrt2) versus \sqrt2-1 stays unsimplified after construction).
     if difference.is_Rational:
         return False
-    value = complex(difference.evalf(_EVAL_DIGITS))
-    scale = max(1.0, abs(complex(left.evalf(15))), abs(complex(right.evalf(15))))
-    return abs(value) <= _RELATIVE_TOLERANCE * scale
+    try:
+        # Strict evaluation either yields the difference to _EVAL_DIGITS correct digits, which
+        # proves it nonzero however small (10^{-400}\sqrt2) or large (10^{400}\sqrt2, which
+        # overflows a float), or fails to tell it from zero at sympy's maximum precision.
+        value = difference.evalf(_EVAL_DIGITS, strict=True)
+    except sympy.core.evalf.PrecisionExhausted:
+        return True
+    return bool(value.is_finite) and value == 0
 
 
 @contextlib.contextmanager
@@ -437,8 +441,9 @@ def is_equivalent(pred: str, ground_truth: str, *, timeout_s: float | None = 5.0
     Identical strings (after stripping whitespace) are equivalent even when they do not parse, so
     answers like ``\\text{(B)}`` still match. Otherwise both must parse (see the module docstring)
     and compare equal: exactly for rationals and polynomial/rational expressions, by ``simplify``
-    for other symbolic forms, and numerically to a relative 1e-20 (30-digit evaluation) for
-    irrational constants. Unparseable input, sympy errors and timeouts give False; this function
+    for other symbolic forms, and for irrational constants by evaluating the difference: equal
+    only when sympy cannot tell it from zero at its maximum precision (a difference whose first
+    30 digits it can compute is nonzero, however large or small). Unparseable input, sympy errors and timeouts give False; this function
     never raises on any input text.
 
     Args:

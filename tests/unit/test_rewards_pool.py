@@ -97,6 +97,27 @@ def test_real_scorer_in_workers_with_custom_scores() -> None:
     assert status_counts(results) == {"reward/timeouts": 0, "reward/errors": 10}
 
 
+def _mistyped_scorer(solution: str, ground_truth: str, data_source: str) -> object:
+    return {"str": {"acc": "False", "pred": "x"}, "int": {"acc": 1}, "pred": {"acc": True, "pred": 5},
+            "list": [True], "ok": {"acc": True}}[solution]
+
+
+def test_scorer_outputs_of_the_wrong_type_are_errors_not_rewards() -> None:
+    with RewardPool(RewardConfig(num_workers=0), _mistyped_scorer) as pool:
+        results = pool.score([(name, "", "") for name in ("str", "int", "pred", "list", "ok")])
+    assert [(r.status, r.acc, r.score) for r in results] == [("error", False, -1.0)] * 4 + [("ok", True, 1.0)]
+    assert "acc='False' of type str" in results[0].error
+
+
+def test_overflowing_answers_score_wrong_through_the_pool() -> None:
+    answers = ["Answer: 10^{400}\\sqrt{2}", "Answer: 10^{400}\\pi", "Answer: (10^{400}\\pi, 10^{400}\\pi)"]
+    truths = ["540", "3", "\\frac{1}{2}", "-7", "2\\sqrt{3}", "(1, 2)"]
+    items = [(answer, truth, "math_dapo") for answer in answers for truth in truths]
+    with RewardPool(RewardConfig(num_workers=1, symbolic_equivalence=True)) as pool:
+        results = pool.score(items)
+    assert [(r.status, r.acc, r.score) for r in results] == [("ok", False, -1.0)] * len(items)
+
+
 def test_in_process_mode_counts_errors() -> None:
     with RewardPool(RewardConfig(num_workers=0), _toy_scorer) as pool:
         results = pool.score([("1", "1", ""), ("raise", "1", ""), ("0", "1", "")])

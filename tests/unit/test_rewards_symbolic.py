@@ -190,3 +190,38 @@ LATEXISH = st.lists(
 @given(pred=st.one_of(LATEXISH, st.text(max_size=40)), ground_truth=st.one_of(LATEXISH, st.text(max_size=10)))
 def test_never_raises(pred: str, ground_truth: str) -> None:
     assert isinstance(is_equivalent(pred, ground_truth, timeout_s=2.0), bool)
+
+
+UNRELATED_GROUND_TRUTHS = ["540", "3", "\\frac{1}{2}", "-7", "2\\sqrt{3}", "0", "\\pi", "10^{400}"]
+IRRATIONALS = ["\\sqrt{2}", "\\pi", "\\sqrt[3]{5}", "\\sqrt{\\sqrt{2}+1}", "\\sqrt{-3}", "(\\sqrt{2}-\\sqrt{3})"]
+
+
+@st.composite
+def hostile_scalars(draw: st.DrawFn) -> str:
+    """Values whose float evaluation overflows, underflows or loses every digit to cancellation."""
+    exponent = draw(st.integers(300, 9_000))
+    irrational = draw(st.sampled_from(IRRATIONALS))
+    forms = [
+        f"10^{{{exponent}}}{irrational}",  # overflows a float: inf <= tol * inf
+        f"-10^{{{exponent}}}{irrational}",
+        f"10^{{-{exponent}}}{irrational}",  # underflows to 0.0
+        f"\\frac{{{irrational}}}{{10^{{{exponent}}}}}",
+        f"10^{{{exponent}}}{irrational} - 10^{{{exponent}}}\\sqrt{{2}}\\pi",  # inf - inf = nan
+        f"\\sqrt{{\\sqrt{{\\sqrt{{10^{{{exponent}}}{irrational}}}}}}}",
+        f"{irrational}^{{{draw(st.integers(-9_999, 9_999).filter(lambda e: abs(e) > 1_000))}}}",
+    ]
+    return draw(st.sampled_from(forms))
+
+
+@pytest.mark.parametrize("hostile", ["10^{400}\\sqrt{2}", "10^{400}\\pi", "10^{-400}\\sqrt{2}"])
+@pytest.mark.parametrize("ground_truth", ["540", "3", "\\frac{1}{2}", "-7", "2\\sqrt{3}", "0"])
+def test_overflowing_or_underflowing_answer_matches_nothing(hostile: str, ground_truth: str) -> None:
+    assert not is_equivalent(hostile, ground_truth)
+    assert not is_equivalent(f"({hostile}, {hostile})", f"({ground_truth}, 1)")
+
+
+@settings(max_examples=120, deadline=None)
+@given(hostile=hostile_scalars(), other=hostile_scalars(), ground_truth=st.sampled_from(UNRELATED_GROUND_TRUTHS))
+def test_hostile_values_never_equal_an_unrelated_ground_truth(hostile: str, other: str, ground_truth: str) -> None:
+    assert not is_equivalent(hostile, ground_truth, timeout_s=5.0)
+    assert not is_equivalent(f"({hostile}, {other})", f"({ground_truth}, 2)", timeout_s=5.0)
