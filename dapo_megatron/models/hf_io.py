@@ -1,15 +1,14 @@
-"""Read and write Hugging Face model directories (safetensors, sharded or not) without transformers."""
+"""Read Hugging Face model directories (config, safetensors files, assets) without transformers; writing is
+`hf_export`."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -44,33 +43,6 @@ def load_hf_state(hf_dir: Path | str) -> dict[str, torch.Tensor]:
             for key in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
                 state[key] = f.get_tensor(key)
     return state
-
-
-def save_hf_state(state: Mapping[str, torch.Tensor], out_dir: Path | str, *,
-                  max_shard_bytes: int = 5 * 2**30) -> list[Path]:
-    """Write `model-0000i-of-0000N.safetensors` shards and `model.safetensors.index.json`."""
-    out_dir = Path(out_dir)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    shard_bytes = 0
-    for name, tensor in state.items():
-        size = tensor.numel() * tensor.element_size()
-        if shards[-1] and shard_bytes + size > max_shard_bytes:
-            shards.append({})
-            shard_bytes = 0
-        shards[-1][name] = tensor.contiguous()
-        shard_bytes += size
-    total = len(shards)
-    weight_map: dict[str, str] = {}
-    paths = []
-    for i, shard in enumerate(shards, start=1):
-        file_name = f"model-{i:05d}-of-{total:05d}.safetensors"
-        save_file(shard, str(out_dir / file_name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file_name))
-        paths.append(out_dir / file_name)
-    total_size = sum(t.numel() * t.element_size() for t in state.values())
-    (out_dir / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total_size},
-                                                  "weight_map": weight_map}, indent=2))
-    return paths
 
 
 def copy_hf_assets(src_dir: Path | str, out_dir: Path | str) -> list[str]:

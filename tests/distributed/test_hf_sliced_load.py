@@ -26,7 +26,7 @@ MiB = 2**20
 def write_random_hf_checkpoint(out_dir: Path, **overrides: object) -> dict[str, int]:
     """A random Qwen2 as a sharded HF safetensors directory (hidden 1024, 8 layers, vocab 4000 by default);
     returns each tensor's size in bytes."""
-    from dapo_megatron.models import hf_io, hf_mapping
+    from dapo_megatron.models import hf_export, hf_mapping
     from dapo_megatron.models.config import ModelConfig
 
     fields: dict[str, object] = dict(num_layers=8, hidden_size=1024, ffn_hidden_size=2048, num_attention_heads=16,
@@ -38,7 +38,10 @@ def write_random_hf_checkpoint(out_dir: Path, **overrides: object) -> dict[str, 
     state = {name: torch.randn(shape, generator=generator).to(dtype) * 0.02
              for name, shape in hf_mapping.hf_param_shapes(cfg).items()}
     out_dir.mkdir(parents=True)
-    hf_io.save_hf_state(state, out_dir, max_shard_bytes=160 * MiB)
+    writer = hf_export.ShardWriter(out_dir, dtype, max_shard_bytes=160 * MiB)
+    for name, tensor in state.items():
+        writer.add(name, tensor)
+    hf_export.write_index(out_dir, writer.finish())
     (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_config()))
     return {name: tensor.numel() * tensor.element_size() for name, tensor in state.items()}
 
