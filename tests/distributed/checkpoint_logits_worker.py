@@ -4,8 +4,26 @@ fixed tokens from rank 0, and optionally save the model again from this layout."
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
+
+
+def load_under_layout(checkpoint_dir: str, tp: int, pp: int) -> tuple[Any, Any, torch.nn.Module]:
+    """(model config, layout, this rank's fp32 model) of a torch_dist checkpoint loaded at TP x PP. Also used by
+    hf_export_worker.py (run from this folder, so it imports this file as a top-level module)."""
+    from dapo_megatron import checkpoint
+    from dapo_megatron.distributed.config import ParallelConfig
+    from dapo_megatron.distributed.layout import initialize
+    from dapo_megatron.models.qwen2 import build_gpt_model
+
+    model_cfg = checkpoint.read_model_config(checkpoint_dir)
+    model_cfg.params_dtype = "float32"
+    parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    layout = initialize(parallel, seed=99)  # a different init: everything must come from the checkpoint
+    model = build_gpt_model(model_cfg, parallel, layout)
+    checkpoint.load_model(model, checkpoint_dir)
+    return model_cfg, layout, model
 
 
 def main() -> None:
@@ -20,16 +38,9 @@ def main() -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from dapo_megatron import checkpoint
-    from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.qwen2 import build_gpt_model
+    from dapo_megatron.distributed.layout import shutdown
 
-    model_cfg = checkpoint.read_model_config(args.checkpoint)
-    model_cfg.params_dtype = "float32"
-    parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
-    layout = initialize(parallel, seed=99)  # a different init: everything must come from the checkpoint
-    model = build_gpt_model(model_cfg, parallel, layout)
-    checkpoint.load_model(model, args.checkpoint)
+    model_cfg, layout, model = load_under_layout(args.checkpoint, args.tp, args.pp)
     model.eval()
 
     tokens = torch.randint(0, model_cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))

@@ -21,19 +21,13 @@ def main() -> None:
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
 
-    from dapo_megatron import checkpoint
-    from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.distributed.layout import initialize, shutdown
+    from checkpoint_logits_worker import load_under_layout
+
+    from dapo_megatron.distributed.layout import shutdown
     from dapo_megatron.models import hf_export
-    from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import export_hf
 
-    model_cfg = checkpoint.read_model_config(args.checkpoint)
-    model_cfg.params_dtype = "float32"
-    parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
-    layout = initialize(parallel, seed=99)
-    model = build_gpt_model(model_cfg, parallel, layout)
-    checkpoint.load_model(model, args.checkpoint)
+    model_cfg, layout, model = load_under_layout(args.checkpoint, args.tp, args.pp)
     # Small shards, so that each stage writes several and the failure below comes mid-way.
     exported = export_hf(model, model_cfg, layout, args.out, tokenizer_dir=args.base_dir, max_shard_bytes=40_000)
     assert (exported is not None) == (layout.rank == 0)
