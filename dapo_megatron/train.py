@@ -9,7 +9,6 @@ policy trains on this one (one step off-policy), and takes the new weights once 
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import torch
 from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.distributed.stop import StopRequest
 from dapo_megatron.metrics import MetricsLogger, format_line
 from dapo_megatron.models.sequence_padding import job_sequence_multiple
 from dapo_megatron.trainer.actor import Actor
@@ -152,24 +152,6 @@ def console_line(step: int, total: int, m: dict[str, float]) -> str:
     fields["t"] = f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} " \
                   f"sync {m['timing_s/sync']:.1f})"
     return format_line(f"step {step}/{total}", fields)
-
-
-class StopRequest:
-    """SIGTERM or SIGUSR1 (Slurm's warning before the time limit) asks for a checkpoint and a clean exit at
-    the next step boundary; every rank agrees before anyone acts, so no collective is left half done."""
-
-    def __init__(self) -> None:
-        self._flag = False
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(signum, self._set)
-
-    def _set(self, signum: int, frame: Any) -> None:
-        self._flag = True
-
-    def requested(self) -> bool:
-        flag = torch.tensor([int(self._flag)])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
 
 
 if __name__ == "__main__":

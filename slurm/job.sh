@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The batch step shared by the slurm/*.sbatch recipes: one launcher per node through srun (in the
-# container when CONTAINER_IMAGE is set), and the time-limit protocol:
-#   sbatch --signal=B:USR1@N  ->  this script relays SIGUSR1 to every node's launcher through srun
+# container when CONTAINER_IMAGE is set), and the time-limit protocol (slurm/README.md):
+#   sbatch --signal=B:USR1@N  ->  this script relays SIGUSR1 to the job step through srun, which signals
+#   every process of the step  ->  each node's launcher creates its stop file (the rest ignore the signal)
 #   ->  the trainers checkpoint at their next step boundary and exit 0  ->  this script requeues the job
 #   ->  the restart resumes from the checkpoint (trainer.resume=auto, the default).
 #
@@ -30,8 +31,9 @@ relay_stop() {
 }
 trap relay_stop USR1
 
-# srun relays the signals it receives to every task; --kill-on-bad-exit stops all nodes when one fails.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 "${container[@]}" bash slurm/launch.sh "$@" &
+# srun relays the signals it receives to every process of the step; --kill-on-bad-exit stops all nodes
+# when one fails; --label prefixes every output line with its node's task number ("3: ...").
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 --label "${container[@]}" bash slurm/launch.sh "$@" &
 srun_pid=$!
 status=0
 wait_for_child "$srun_pid" || status=$?

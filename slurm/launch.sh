@@ -8,10 +8,10 @@
 # Ranks are assigned node by node (static rendezvous: node i holds ranks i*GPUS_PER_NODE...), so tensor-
 # parallel groups stay inside a node's NVLink domain.
 #
-# SIGUSR1 (the batch step's warning before the time limit, relayed by srun) goes to the trainer
-# processes, which checkpoint at the next step boundary and exit; torchrun then exits 0. It is not sent
-# to torchrun itself: torchrun does not handle SIGUSR1 and would die of it, and it starts its workers in
-# their own sessions, so the signal has to be delivered to them by pid.
+# SIGUSR1 (the time-limit warning, relayed by srun) reaches every process of the job step, not only this
+# script. Everything started here inherits it ignored (torchrun, the trainers, SGLang, reward workers:
+# none may die of it); this script alone handles it, by creating the stop file that the trainers check at
+# each step boundary. The whole protocol: slurm/README.md.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/env.sh
@@ -28,17 +28,27 @@ fi
 : "${SLURM_NNODES:?}" "${SLURM_NODEID:?}" "${SLURM_JOB_NODELIST:?}"
 # sed, not head: head exits after one line and the writer's SIGPIPE would fail the pipeline (pipefail).
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
-# A port per job, so jobs sharing a node do not collide.
-port=${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+# One port per job (jobs sharing a node do not collide), below Linux's ephemeral range (from 32768), where
+# the kernel picks the local ports of outgoing connections. Same formula: distributed/launch.py.
+port=${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 10000))}
 echo "[launch] node ${SLURM_NODEID}/${SLURM_NNODES} ($(hostname)): ${GPUS_PER_NODE} ranks, rendezvous ${head_node}:${port}"
 
+# Node-local and per run: a requeued job keeps its id and may come back to this node.
+export DAPO_STOP_FILE=${TMPDIR:-/tmp}/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
+rm -f "$DAPO_STOP_FILE"
+
+trap '' USR1  # ignored here while torchrun starts: it and everything it starts inherit "ignored"
 "$PYTHON" -m torch.distributed.run --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \
   --nproc-per-node "$GPUS_PER_NODE" --master-addr "$head_node" --master-port "$port" -m "$@" &
 torchrun_pid=$!
 
-forward_to_trainers() {
-  echo "[launch] node ${SLURM_NODEID}: SIGUSR1 -> trainer processes (checkpoint at the next step, then exit)"
-  pkill -USR1 -P "$torchrun_pid" || true
+# shellcheck disable=SC2329  # called by the USR1 trap
+request_stop() {
+  echo "[launch] node ${SLURM_NODEID}: SIGUSR1: the trainers checkpoint at the next step boundary and exit"
+  touch "$DAPO_STOP_FILE"
 }
-trap forward_to_trainers USR1
-wait_for_child "$torchrun_pid"
+trap request_stop USR1
+status=0
+wait_for_child "$torchrun_pid" || status=$?
+rm -f "$DAPO_STOP_FILE"
+exit "$status"

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from dapo_megatron import checkpoint
 from dapo_megatron import config as C
 from tests.conftest import REPO, free_port
+from tests.distributed import fake_srun
 
 pytestmark = pytest.mark.distributed
 
@@ -33,21 +35,9 @@ case "$1 $2" in
   *) echo "fake scontrol: unexpected $*" >&2; exit 1 ;;
 esac
 """
-# srun as slurm/job.sh uses it: skip the options, run the command once per node, relay SIGUSR1 to every task.
-FAKE_SRUN = """#!/usr/bin/env bash
-while [ "${1#--}" != "$1" ]; do shift; done
-pids=()
-for node in $(seq 0 $((SLURM_NNODES - 1))); do
-  SLURM_NODEID=$node "$@" > "$FAKE_SLURM_LOG/node$node.log" 2>&1 &
-  pids+=($!)
-done
-trap 'kill -USR1 "${pids[@]}"' USR1
-status=0
-for pid in "${pids[@]}"; do
-  while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
-  wait "$pid" || status=$?
-done
-exit "$status"
+# srun as slurm/job.sh uses it, delivering signals to every process of the step as slurmd does.
+FAKE_SRUN = f"""#!/usr/bin/env bash
+exec {sys.executable} {Path(__file__).with_name("fake_srun.py")} "$@"
 """
 
 
@@ -133,30 +123,55 @@ def test_two_nodes_rendezvous_and_train(tmp_path: Path) -> None:
     assert (out / "warmup_hf" / "config.json").exists()
 
 
-def test_time_limit_signal_checkpoints_and_requeues(tmp_path: Path) -> None:
-    """SIGUSR1 to the batch step (what `--signal=B:USR1@N` does) reaches the trainers on both nodes through
-    srun and the launchers; they checkpoint at the next step boundary and exit 0, and the job requeues."""
-    env = slurm_env(tmp_path, nodes=2)
-    out = tmp_path / "run"
-    out.mkdir()
-    job_log = tmp_path / "job.log"
-    with open(job_log, "w") as sink:
+def run_job_until_signal(env: dict[str, str], out: Path, log: Path, phase: str) -> int:
+    """Run the batch step on the stop worker; send SIGUSR1 (what `--signal=B:USR1@N` does) once rank 0 is in
+    `phase` ("rollout" or "update") of a step; the job must exit 0. Returns the step it was signalled in."""
+    for name in ("phase", "steps_done"):
+        (out / name).unlink(missing_ok=True)
+    with open(log, "w") as sink:
         job = subprocess.Popen(
             ["bash", str(SLURM_DIR / "job.sh"), "tests.distributed.stop_worker", f"output_dir={out}",
              "trainer.total_steps=100000"],
-            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    logs = [job_log, tmp_path / "node0.log", tmp_path / "node1.log"]
+            cwd=out.parent, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
-    while not (out / "steps_done").exists() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if not (out / "steps_done").exists():
-        finish([job], logs, timeout=0)
-        pytest.fail(f"no training step within 90 s:\n{report(logs)}")
+    current = ""
+    while job.poll() is None and time.monotonic() < deadline:
+        current = (out / "phase").read_text() if (out / "phase").exists() else ""
+        if current.startswith(phase):
+            break
+        time.sleep(0.05)
+    if not current.startswith(phase):
+        finish([job], [log], timeout=0)
+        pytest.fail(f"no {phase} phase within 90 s:\n{report([log])}")
     job.send_signal(signal.SIGUSR1)
-    finish([job], logs, timeout=60)
-    steps = int((out / "steps_done").read_text())
-    assert f"stopped at step {steps} of 2 ranks" in logs[1].read_text()
-    assert (out / "checkpoints" / f"iter_{steps:07d}" / "dapo_model.json").exists()
+    finish([job], [log], timeout=60)
+    assert not fake_srun.step_processes(f"{env['SLURM_JOB_ID']}."), "processes of the step outlived it"
+    return int(current.split()[1])
+
+
+def test_time_limit_signal_checkpoints_and_requeues(tmp_path: Path) -> None:
+    """The time-limit signal, delivered by srun to every process of the step on both nodes, mid-rollout and
+    then (in the requeued run, which resumes) mid-update: each run finishes that step, writes one complete
+    checkpoint of it, every process exits cleanly, and the job is requeued."""
+    env = slurm_env(tmp_path, nodes=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    root = out / "checkpoints"
+    first = run_job_until_signal(env, out, tmp_path / "job1.log", "rollout")
+    log = (tmp_path / "job1.log").read_text()
+    assert f"0: stopped at step {first} of 2 ranks" in log and "children exited cleanly" in log
+    assert all(f"{node}: [launch] node {node}: SIGUSR1" in log for node in (0, 1))
+    assert sorted(p.name for p in root.glob("iter_*")) == [f"iter_{first:07d}"]
+    assert (root / f"iter_{first:07d}" / "dapo_model.json").exists()
+    assert (root / checkpoint.TRACKER_FILE).read_text().strip() == str(first)
     assert (tmp_path / "requeued").read_text().split() == [env["SLURM_JOB_ID"]]
-    assert "requeueing" in job_log.read_text()
-    assert all("SIGUSR1 -> trainer processes" in log.read_text() for log in logs[1:])
+
+    # The requeued job: same id, next restart count; it resumes and is signalled during an update.
+    second = run_job_until_signal(dict(env, SLURM_RESTART_COUNT="1"), out, tmp_path / "job2.log", "update")
+    log = (tmp_path / "job2.log").read_text()
+    assert f"0: resumed from step {first}" in log and second > first
+    assert f"0: stopped at step {second} of 2 ranks" in log
+    assert (root / checkpoint.TRACKER_FILE).read_text().strip() == str(second)
+    assert (tmp_path / "requeued").read_text().split() == [env["SLURM_JOB_ID"]] * 2
+    # One line per step, from the logging rank only: node 1 prints launcher lines and nothing else.
+    assert all(line.startswith(("0: ", "1: [launch]", "[job]")) for line in log.splitlines() if line), log
