@@ -8,19 +8,30 @@ Layout on disk (Megatron-LM's convention, so its tools recognise it):
     <root>/iter_0000100/rank_00000.pt            training checkpoints: each rank's optimizer, LR
                                                  schedule and RNG states (resume in the same layout)
     <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, dynamic-sampling backlog
+    <root>/iter_0000100/dapo_manifest.json       written last: every file's size, and a SHA-256 of the small ones
 
 torch_dist stores every tensor by its global shape, so a checkpoint written under one TP x PP layout
 loads under any other. A step directory is written under a temporary name and renamed once every
 rank has finished, and the tracker is updated last: a job killed mid-save leaves the previous
-checkpoint intact.
+checkpoint intact. Files, directories and the tracker are fsynced before they are relied on.
+
+A checkpoint is trusted only after it is verified against its manifest (one without a manifest, such as
+tools/convert_hf_to_megatron.py output, needs its `.metadata`). Resolving a checkpoint root follows the
+tracker, and when the tracker is unreadable or points to a checkpoint that fails verification, falls back to
+the newest checkpoint that verifies, saying what it skipped and why. Training state is read with
+`torch.load(weights_only=True)`, allowing only the few types this project stores.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +46,10 @@ if TYPE_CHECKING:
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG_FILE = "dapo_model.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
+MANIFEST_FILE = "dapo_manifest.json"
+_CHECKSUM_MAX_BYTES = 64 << 20  # shards are size-checked only: hashing ~450 GB on every save would cost minutes
+_STEP_DIR = re.compile(r"iter_(\d{7,})")
+_TRACKER_TEXT = re.compile(r"(\d+)\n")  # the newline is written with the step: without it the file was cut short
 
 
 def step_dir(root: Path | str, step: int) -> Path:
@@ -42,18 +57,82 @@ def step_dir(root: Path | str, step: int) -> Path:
 
 
 def resolve(path: Path | str) -> Path:
-    """A torch_dist directory from either itself or a checkpoint root with a tracker file."""
+    """A verified torch_dist directory from either itself or a checkpoint root.
+
+    For a root, the tracker's checkpoint if it verifies, else the newest one that does (with a message on
+    stderr naming what was skipped and why).
+
+    Raises:
+        ValueError: `path` is a checkpoint directory that fails verification.
+        FileNotFoundError: nothing under `path` verifies.
+    """
     path = Path(path)
-    if (path / ".metadata").exists():
+    if (path / ".metadata").exists() or (path / MANIFEST_FILE).exists():
+        problem = verify(path)
+        if problem is not None:
+            raise ValueError(f"checkpoint {path} is incomplete or damaged: {problem}")
         return path
-    tracker = path / TRACKER_FILE
-    if tracker.exists():
-        resolved = step_dir(path, int(tracker.read_text().strip()))
-        if (resolved / ".metadata").exists():
-            return resolved
-        raise FileNotFoundError(f"{tracker} points to {resolved}, which is not a complete checkpoint")
-    raise FileNotFoundError(f"{path} is neither a torch_dist checkpoint (no .metadata) nor a checkpoint root "
-                            f"(no {TRACKER_FILE})")
+    skipped: list[str] = []
+    tracked = _tracked_step(path, skipped)
+    candidates = sorted(list_steps(path), reverse=True)
+    if tracked is not None:
+        candidates = [tracked] + [step for step in candidates if step != tracked]
+    for step in candidates:
+        directory = step_dir(path, step)
+        problem = verify(directory)
+        if problem is None:
+            if skipped:
+                print(f"checkpoint: using {directory}; skipped: " + "; ".join(skipped), file=sys.stderr, flush=True)
+            return directory
+        skipped.append(f"{directory.name} ({problem})")
+    if not skipped and not (path / TRACKER_FILE).exists():
+        raise FileNotFoundError(f"{path} is neither a torch_dist checkpoint (no .metadata) nor a checkpoint root "
+                                f"(no {TRACKER_FILE}, no iter_* directories)")
+    raise FileNotFoundError(f"no complete checkpoint under {path}: " + "; ".join(skipped))
+
+
+def list_steps(root: Path | str) -> list[int]:
+    """The steps of the `iter_*` directories under `root` (complete or not), ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for entry in root.iterdir() if (m := _STEP_DIR.fullmatch(entry.name)))
+
+
+def _tracked_step(root: Path, skipped: list[str]) -> int | None:
+    tracker = root / TRACKER_FILE
+    if not tracker.exists():
+        return None
+    text = tracker.read_text(errors="replace")
+    match = _TRACKER_TEXT.fullmatch(text)
+    if match is None:
+        skipped.append(f"{tracker.name} (holds {text[:20]!r}, not a step and a newline: cut short or damaged)")
+        return None
+    return int(match.group(1))
+
+
+def verify(directory: Path | str) -> str | None:
+    """Why `directory` is not a complete checkpoint, or None if it is: with a manifest, every listed file
+    must exist with its size (and checksum, for small files); without one, `.metadata` must exist."""
+    directory = Path(directory)
+    manifest_file = directory / MANIFEST_FILE
+    if not manifest_file.exists():
+        return None if (directory / ".metadata").exists() else "no .metadata and no manifest"
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        return f"unreadable {MANIFEST_FILE}: {error}"
+    for name, entry in files.items():
+        file = directory / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']}"
+        if "sha256" in entry and _sha256(file) != entry["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def read_model_config(path: Path | str) -> ModelConfig | None:
@@ -66,10 +145,11 @@ def read_model_config(path: Path | str) -> ModelConfig | None:
 
 def save_model(model: torch.nn.Module, root: Path | str, step: int, model_cfg: ModelConfig,
                layout: ParallelLayout, *, rank_state: dict[str, Any] | None = None,
-               shared_state: dict[str, Any] | None = None) -> Path:
+               shared_state: dict[str, Any] | None = None, keep_last: int = 0, keep_every: int = 0) -> Path:
     """Collective: write checkpoint `step` under `root`: the model's shards (torch_dist), and optionally
     this rank's training state (`rank_state`: optimizer, scheduler, RNG; resumable in the same layout)
-    and rank 0's `shared_state` (step, data position, dynamic-sampling backlog)."""
+    and rank 0's `shared_state` (step, data position, dynamic-sampling backlog). Once it is complete,
+    older checkpoints are pruned per `keep_last` / `keep_every` (see `prune`; 0: keep all)."""
     from megatron.core import dist_checkpointing
 
     final = step_dir(root, step)
@@ -80,17 +160,57 @@ def save_model(model: torch.nn.Module, root: Path | str, step: int, model_cfg: M
     torch.distributed.barrier()
     dist_checkpointing.save(unwrap_model(model).sharded_state_dict(), str(partial))
     if rank_state is not None:
-        torch.save({"layout": _layout_key(layout), **rank_state}, partial / f"rank_{layout.rank:05d}.pt")
+        rank_file = partial / f"rank_{layout.rank:05d}.pt"
+        torch.save({"layout": _layout_key(layout), **rank_state}, rank_file)
+        _fsync(rank_file)
     torch.distributed.barrier()
     if layout.rank == 0:
         (partial / MODEL_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2))
         if shared_state is not None:
             torch.save(shared_state, partial / TRAINER_STATE_FILE)
+        write_manifest(partial)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
+        _fsync(Path(root))
         _write_atomically(Path(root) / TRACKER_FILE, f"{step}\n")
+        prune(root, step, keep_last=keep_last, keep_every=keep_every)
     torch.distributed.barrier()
     return final
+
+
+def write_manifest(directory: Path) -> None:
+    """Fsync every file under `directory`, then record their sizes (and small files' checksums) in the
+    manifest, written and fsynced last: its presence means everything it lists was on disk first."""
+    files: dict[str, dict[str, Any]] = {}
+    for file in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        _fsync(file)
+        entry: dict[str, Any] = {"size": file.stat().st_size}
+        if entry["size"] <= _CHECKSUM_MAX_BYTES:
+            entry["sha256"] = _sha256(file)
+        files[file.relative_to(directory).as_posix()] = entry
+    for folder in {file.parent for file in directory.rglob("*")} | {directory}:
+        _fsync(folder)
+    _write_atomically(directory / MANIFEST_FILE, json.dumps({"files": files}, indent=1))
+
+
+def prune(root: Path | str, newest: int, *, keep_last: int, keep_every: int = 0) -> list[Path]:
+    """Delete checkpoints older than `newest` beyond the `keep_last` newest complete ones, keeping steps that
+    are multiples of `keep_every` (milestones). Nothing is deleted unless `newest` itself verifies. Older
+    checkpoints that fail verification count as deletable; newer ones than `newest` (another run's, kept with
+    trainer.overwrite) are left alone. 0 disables each rule. Returns the deleted directories."""
+    if keep_last <= 0 or verify(step_dir(root, newest)) is not None:
+        return []
+    older = [step for step in sorted(list_steps(root), reverse=True) if step <= newest]
+    complete = [step for step in older if verify(step_dir(root, step)) is None]
+    kept = set(complete[:keep_last]) | {newest}
+    if keep_every > 0:
+        kept |= {step for step in complete if step % keep_every == 0}
+    deleted = [step_dir(root, step) for step in older if step not in kept]
+    for directory in deleted:
+        shutil.rmtree(directory)
+    if deleted:
+        _fsync(Path(root))
+    return deleted
 
 
 def load_training_state(path: Path | str, layout: ParallelLayout) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -101,13 +221,40 @@ def load_training_state(path: Path | str, layout: ParallelLayout) -> tuple[dict[
     if not rank_file.exists():
         raise FileNotFoundError(f"{directory} holds no training state for rank {layout.rank}: it is a model-only "
                                 "checkpoint, or was written by a job with fewer ranks")
-    rank_state = torch.load(rank_file, weights_only=False)
+    rank_state = _load_state(rank_file)
     saved = rank_state.pop("layout")
     if saved != _layout_key(layout):
         raise ValueError(f"{directory} was written under layout {saved}; this job runs {_layout_key(layout)}. "
                          "Optimizer state resumes only in the same layout: relaunch with that layout, or start "
                          "from the model alone with trainer.load=<dir> trainer.resume=never")
-    return rank_state, torch.load(directory / TRAINER_STATE_FILE, weights_only=False)
+    return rank_state, _load_state(directory / TRAINER_STATE_FILE)
+
+
+def _allowed_types(file: Path) -> list[Any]:
+    """What unpickling training state may build besides tensors: numpy's RNG state, and the dataclasses of
+    this package that the checkpoint names (the dynamic-sampling backlog, the batch generated ahead). Those
+    are plain records; found by name so that moving one between modules keeps old checkpoints loadable."""
+    import numpy as np
+
+    numpy_core = getattr(np, "_core", None) or np.core  # renamed in numpy 2
+    # The MT19937 key is a uint32 array: unpickling it needs the array, dtype and uint32 dtype classes.
+    allowed: list[Any] = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), numpy_core.multiarray._reconstruct]
+    for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(file)):
+        module, _, attribute = name.rpartition(".")
+        if module.split(".")[0] != __name__.split(".")[0]:
+            continue
+        found = getattr(importlib.import_module(module), attribute, None)
+        if isinstance(found, type) and dataclasses.is_dataclass(found):
+            allowed.append(found)
+    return allowed
+
+
+def _load_state(file: Path) -> dict[str, Any]:
+    try:
+        with torch.serialization.safe_globals(_allowed_types(file)):
+            return torch.load(file, weights_only=True)
+    except Exception as error:
+        raise ValueError(f"cannot read {file}: {type(error).__name__}: {str(error)[:500]}") from error
 
 
 def _layout_key(layout: ParallelLayout) -> dict[str, int]:
@@ -128,4 +275,23 @@ def load_model(model: torch.nn.Module, path: Path | str) -> Path:
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
+    _fsync(tmp)
     os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (a rename or new file), to stable storage."""
+    descriptor = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

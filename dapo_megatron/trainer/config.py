@@ -153,6 +153,15 @@ class TrainerConfig:
     load: str | None = None
     """A torch_dist checkpoint to start from (tools/convert_hf_to_megatron.py output). Without it the
     policy starts from model.hf_dir's weights."""
+    overwrite: bool = False
+    """Allow a run that does not resume (`resume=never`, or `auto` without a tracker) to write checkpoints into
+    an output_dir that already holds some. Without it such a start is refused: it would replace another run's
+    checkpoints and move the tracker backwards."""
+    keep_last_checkpoints: int = 0
+    """Keep the N newest complete checkpoints and delete older ones, each only after a newer one is complete
+    (0: keep all). A 32B checkpoint with optimizer state is ~450 GB."""
+    keep_checkpoint_every: int = 0
+    """With keep_last_checkpoints, also keep every checkpoint whose step is a multiple of N (milestones; 0: none)."""
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "train_batch_size", "ppo_mini_batch_size", "micro_batch_size",
@@ -170,7 +179,7 @@ class TrainerConfig:
                              f"got {self.dynamic_sampling_mode!r}.")
         if self.on_unfilled_batch not in ("error", "train"):
             raise ValueError(f"trainer.on_unfilled_batch must be error or train; got {self.on_unfilled_batch!r}.")
-        for name in ("save_every", "hf_export_every"):
+        for name in ("save_every", "hf_export_every", "keep_last_checkpoints", "keep_checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}.")
 

@@ -1,6 +1,6 @@
 """Exact resume of the policy update (run under torchrun): optimizer, LR schedule and RNG states.
 
-`--mode continuous` trains 4 DAPO steps, checkpointing after step 2; `--mode resume` starts from other
+`--mode continuous` trains 4 DAPO steps, checkpointing after steps 1 and 2 (keeping the last one); `--mode resume` starts from other
 weights, loads that checkpoint and trains steps 3-4. Each step draws its advantages from torch's global
 RNG, so a resume that forgot the RNG state would train on different data. Rank 0 writes the losses and the
 final full weights.
@@ -55,9 +55,9 @@ def main() -> None:
         rows.old_log_prob = actor.compute_log_probs(rows, micro_batch_size=4)
         losses[step] = actor.train_step(rows.subset(slice(0, 4)), micro_batch_size=2)["loss"]
         losses[step] += actor.train_step(rows.subset(slice(4, 8)), micro_batch_size=2)["loss"]
-        if args.mode == "continuous" and step == 2:
+        if args.mode == "continuous" and step <= 2:  # keep_last=1: step 1's checkpoint goes once step 2's is complete
             checkpoint.save_model(model, root / "checkpoints", step, cfg, layout, rank_state=actor.state_dict(),
-                                  shared_state={"step": step})
+                                  shared_state={"step": step}, keep_last=1)
     weights = gather_full_state(model, cfg, layout)
     if layout.rank == 0:
         torch.save({"losses": losses, "weights": weights}, root / f"{args.mode}.pt")

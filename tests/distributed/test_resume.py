@@ -20,6 +20,9 @@ def test_resumed_steps_equal_uninterrupted_ones(tmp_path: Path, layout: list[str
     torchrun(WORKER, 2, "--mode", "continuous", *layout, "--dir", str(tmp_path))
     torchrun(WORKER, 2, "--mode", "resume", *layout, "--dir", str(tmp_path))
     continuous, resumed = torch.load(tmp_path / "continuous.pt"), torch.load(tmp_path / "resume.pt")
+    assert checkpoint.list_steps(tmp_path / "checkpoints") == [2]  # retention removed step 1 after step 2
+    assert checkpoint.verify(checkpoint.step_dir(tmp_path / "checkpoints", 2)) is None
+    assert (checkpoint.step_dir(tmp_path / "checkpoints", 2) / checkpoint.MANIFEST_FILE).exists()
     assert sorted(resumed["losses"]) == [3, 4]
     assert resumed["losses"] == {step: continuous["losses"][step] for step in (3, 4)}
     for name, tensor in continuous["weights"].items():
