@@ -35,16 +35,26 @@ scripts `exec` the trainer from a shell that may have spent minutes on set-up fi
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dapo_megatron import preflight
+    from dapo_megatron.cli import CONFIG_ERRORS, USAGE, report_config_error, wants_help
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
 
-    job = job_config.to_job_config(job_config.compose(sys.argv[1:] if argv is None else argv))
-    if job.dry_run:  # the planned cluster's world size, not this process's; nothing is started
-        from dapo_megatron.planning.report import dry_run
+    args = sys.argv[1:] if argv is None else argv
+    if wants_help(args):
+        print(f"{__doc__}\n{USAGE}", end="")
+        return 0
+    try:
+        job = job_config.to_job_config(job_config.compose(args))
+        if job.dry_run:  # the planned cluster's world size, not this process's; nothing is started
+            from dapo_megatron.planning.report import dry_run
 
-        return dry_run(job)
-    env = process_env()
-    job_config.validate(job, world_size=env.world_size)
+            return _dry_run_paths(preflight.find_problems(job)) or dry_run(job)
+        env = process_env()
+        job_config.validate(job, world_size=env.world_size)
+        preflight.check_job(job)  # before the engine and the policy start: a typo costs seconds, not minutes
+    except CONFIG_ERRORS as error:
+        return report_config_error(error)
     engine = None
     if not torch.cuda.is_available():  # on GPUs the engine starts once the policy holds its memory
         from dapo_megatron.rollout.placement import launch_engine
@@ -57,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown()
     return 0
+
+
+def _dry_run_paths(problems: list[Any]) -> int:
+    """Report the job's path problems; 2 if one is more than a path missing here (the cluster may have it)."""
+    for problem in problems:
+        label = "warning (not found here; must exist where the job runs)" if problem.missing else "error"
+        print(f"{label}: {problem.message}", file=sys.stderr, flush=True)
+    return 2 if any(not problem.missing for problem in problems) else 0
 
 
 def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = None) -> None:
