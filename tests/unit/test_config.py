@@ -54,6 +54,15 @@ def test_unknown_keys_are_errors(override: str) -> None:
         C.load([override])
 
 
+def test_a_misspelled_experiment_is_an_error_naming_the_options() -> None:
+    # An optional group would compose the tiny default and train it as if nothing were wrong.
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="experiment/dapo_qwen2_32b") as error:
+        C.load(["experiment=dapo_qwen2_32b"])
+    assert "dapo_qwen2.5_32b" in str(error.value)
+
+
 def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
     import shutil
 
