@@ -4,17 +4,22 @@
 # so `GPUS_PER_NODE=4 sbatch ...` works without editing.
 
 # --- container (pyxis/enroot) ---
-# NVIDIA's PyTorch container plus this project's requirements (README, "Clusters": build it once with
-# `srun --container-image=... --container-save=...`). Empty: run without a container (a prepared venv).
+# The image slurm/Dockerfile builds (NVIDIA's PyTorch + SGLang + this project's requirements), imported with
+# enroot (slurm/README.md, "Container"). Empty: run without a container (a prepared venv).
 export CONTAINER_IMAGE=${CONTAINER_IMAGE:-}
-# The repository, data, checkpoints and caches must be on a shared filesystem mounted at the same path.
-export CONTAINER_MOUNTS=${CONTAINER_MOUNTS:-/lustre:/lustre}
+# Mounted at the same paths inside the container. Default: the repository (this file is sourced from its
+# root), which holds the recipes' data, checkpoints and caches. Checkpoints and caches must be on a
+# filesystem every node shares; add more as SRC:DST[,SRC:DST...] (e.g. "$PWD:$PWD,/lustre:/lustre").
+export CONTAINER_MOUNTS=${CONTAINER_MOUNTS:-$PWD:$PWD}
 export PYTHON=${PYTHON:-python}
 
 # --- layout and caches (checkpoints and TensorBoard go to the recipe's output_dir, relative to the repo) ---
 # Trainer ranks per node; by default the GPUs Slurm gave this node (--gpus-per-node).
 export GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 export HF_HOME=${HF_HOME:-$PWD/.cache/huggingface}
+# torchrun's rendezvous port on the first node. Empty: 20000 + job id % 10000, one per job and below Linux's
+# ephemeral range (32768-60999). Set it if your firewall allows another range.
+export RDZV_PORT=${RDZV_PORT:-}
 
 # --- CUDA / PyTorch ---
 # One hardware queue orders megatron's tensor-parallel communication and compute kernels.

@@ -7,6 +7,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+RDZV_PORT_BASE = 20000
+RDZV_PORT_SPAN = 10000
+"""A job's rendezvous port is `RDZV_PORT_BASE + job_id % RDZV_PORT_SPAN` (slurm/launch.sh computes the same):
+one per job, so jobs sharing a node do not collide, and all below Linux's ephemeral range (32768-60999 by
+default, /proc/sys/net/ipv4/ip_local_port_range), where the kernel hands out ports to outgoing connections."""
+
 
 @dataclass(frozen=True)
 class ProcessEnv:
@@ -42,7 +48,7 @@ def process_env(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     """torchrun's variables win over Slurm's (srun can launch torchrun); without either, one process.
 
     Under srun (one task per GPU) the rendezvous is the first node of the allocation and the port is
-    derived from the job id, so concurrent jobs sharing a node do not collide.
+    derived from the job id (`rendezvous_port`).
     """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -56,10 +62,14 @@ def process_env(environ: Mapping[str, str] | None = None) -> ProcessEnv:
             rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
             local_rank=int(env.get("SLURM_LOCALID", 0)),
             master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-            master_port=int(env.get("MASTER_PORT") or 20000 + job_id % 20000),
+            master_port=int(env.get("MASTER_PORT") or rendezvous_port(job_id)),
             launcher="slurm", node=int(env.get("SLURM_NODEID", 0)))
     return ProcessEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
                       master_port=int(env.get("MASTER_PORT", 0)) or _free_port(), launcher="single")
+
+
+def rendezvous_port(job_id: int) -> int:
+    return RDZV_PORT_BASE + job_id % RDZV_PORT_SPAN
 
 
 def _free_port() -> int:

@@ -102,10 +102,12 @@ class ParallelLayout:
             pp_last_rank=ps.get_pipeline_model_parallel_last_rank(), device=device, backend=backend)
 
 
-def initialize(parallel: ParallelConfig, seed: int) -> ParallelLayout:
+def initialize(parallel: ParallelConfig, seed: int, timeout: datetime.timedelta | None = None) -> ParallelLayout:
     """Start torch.distributed and megatron-core's model-parallel groups for this process.
 
     Call once per process, after `dapo_megatron.config.validate` accepted the layout for this world size.
+    `timeout`: of every collective; default `parallel.timeout_minutes`. A trainer whose ranks wait in a
+    collective while one of them generates passes `distributed.timeout.collective_timeout(job, world_size)`.
     """
     from megatron.core import parallel_state, tensor_parallel
 
@@ -132,7 +134,7 @@ def initialize(parallel: ParallelConfig, seed: int) -> ParallelLayout:
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
         torch.distributed.init_process_group(
             backend=backend, rank=env.rank, world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=parallel.timeout_minutes))
+            timeout=timeout or datetime.timedelta(minutes=parallel.timeout_minutes))
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tensor_model_parallel_size,

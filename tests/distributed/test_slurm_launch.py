@@ -6,9 +6,11 @@ batch step with a stand-in `srun`. Also: every script passes `bash -n` and shell
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +20,8 @@ import pytest
 
 from dapo_megatron import checkpoint
 from dapo_megatron import config as C
-from tests.conftest import REPO, free_port
+from dapo_megatron.distributed.launch import rendezvous_port
+from tests.conftest import REPO
 from tests.distributed import fake_srun
 
 pytestmark = pytest.mark.distributed
@@ -79,10 +82,23 @@ def slurm_env(tmp_path: Path, nodes: int) -> dict[str, str]:
     for name, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SLURM_LOG=str(tmp_path),
-                SLURM_JOB_ID=str(free_port()), SLURM_JOB_NAME="launch-test", SLURM_NNODES=str(nodes),
-                SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO), RDZV_PORT=str(free_port()),
+    environ = {k: v for k, v in os.environ.items() if k not in ("RDZV_PORT", "CONTAINER_IMAGE")}
+    return dict(environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SLURM_LOG=str(tmp_path),
+                SLURM_JOB_ID=str(job_id_with_free_port()), SLURM_JOB_NAME="launch-test", SLURM_NNODES=str(nodes),
+                SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO),
                 GPUS_PER_NODE="1", PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+
+def job_id_with_free_port() -> int:
+    """A job id whose rendezvous port (the launcher's own choice: no RDZV_PORT) is free on this machine."""
+    for job_id in random.sample(range(110000, 120000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", rendezvous_port(job_id)))
+            except OSError:
+                continue
+            return job_id
+    raise AssertionError("no free port in the rendezvous range")
 
 
 def finish(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
@@ -123,6 +139,16 @@ def test_two_nodes_rendezvous_and_train(tmp_path: Path) -> None:
     assert (out / "warmup_hf" / "config.json").exists()
 
 
+def test_container_mounts_default_to_the_repository(tmp_path: Path) -> None:
+    """The default mount is the repository (where jobs are submitted from) at the same path, wherever it is."""
+    clone = tmp_path / "somewhere" / "repo"
+    shutil.copytree(SLURM_DIR, clone / "slurm")
+    env = {k: v for k, v in os.environ.items() if k != "CONTAINER_MOUNTS"}
+    result = subprocess.run(["bash", "-c", "source slurm/env.sh && echo \"$CONTAINER_MOUNTS\""], cwd=clone, env=env,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{clone}:{clone}"
+
+
 def run_job_until_signal(env: dict[str, str], out: Path, log: Path, phase: str) -> int:
     """Run the batch step on the stop worker; send SIGUSR1 (what `--signal=B:USR1@N` does) once rank 0 is in
     `phase` ("rollout" or "update") of a step; the job must exit 0. Returns the step it was signalled in."""
@@ -160,6 +186,10 @@ def test_time_limit_signal_checkpoints_and_requeues(tmp_path: Path) -> None:
     first = run_job_until_signal(env, out, tmp_path / "job1.log", "rollout")
     log = (tmp_path / "job1.log").read_text()
     assert f"0: stopped at step {first} of 2 ranks" in log and "children exited cleanly" in log
+    # The launchers' port is the trainer's formula, below Linux's ephemeral range.
+    port = rendezvous_port(int(env["SLURM_JOB_ID"]))
+    assert port < 32768 and all(f"{node}: [launch] node {node}/2" in log for node in (0, 1))
+    assert log.count(f"rendezvous 127.0.0.1:{port}") == 2, log
     assert all(f"{node}: [launch] node {node}: SIGUSR1" in log for node in (0, 1))
     assert sorted(p.name for p in root.glob("iter_*")) == [f"iter_{first:07d}"]
     assert (root / f"iter_{first:07d}" / "dapo_model.json").exists()
