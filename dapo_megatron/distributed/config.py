@@ -30,7 +30,9 @@ class ParallelConfig:
     """Process-group backend: `auto` (nccl for CUDA tensors plus gloo for host tensors with CUDA, else gloo),
     `nccl` or `gloo`."""
     timeout_minutes: int = 30
-    """Collective timeout; a hung rank fails the job after this instead of hanging forever."""
+    """Collective timeout beyond the longest wait the recipe allows: the trainer adds the bound on a rollout step
+    and an evaluation, which the ranks that do not drive the rollout spend in a collective
+    (`distributed/timeout.collective_timeout`). A hung rank fails the job after it instead of hanging forever."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "timeout_minutes",
