@@ -96,7 +96,7 @@ def compute_policy_loss(
         ``(loss, metrics)``: 0-dim loss; metrics ``pg_clipfrac`` (L2 > L1, either side),
         ``pg_clipfrac_upper_bound`` / ``pg_clipfrac_lower_bound`` (the 1+high / 1−low clip is the
         active term; they add up to ``pg_clipfrac``), ``pg_clipfrac_lower`` (dual clip fired) and
-        ``ppo_kl`` (mean of old_log_prob − log_prob).
+        ``ppo_kl`` (mean of old_log_prob − log_prob, after the ``log_ratio_clamp``, as verl reports it).
 
     Raises:
         ValueError: bad clip parameters, or NaN/inf in ``log_prob``, ``old_log_prob``, ``advantages``
@@ -139,7 +139,7 @@ def compute_policy_loss(
                 (clip_active & (ratio < 1.0 - clip_ratio_low)).float(), response_mask
             ),
             "pg_clipfrac_lower": masked_mean(dual_fired.float(), response_mask),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
+            "ppo_kl": masked_mean(-clamped_log_ratio, response_mask),
         }
     return loss, metrics
 

@@ -161,6 +161,18 @@ def test_log_ratio_clamp_keeps_loss_and_grad_finite() -> None:
     assert torch.isfinite(finite_loss) and torch.isnan(unclamped_input.grad).all()
 
 
+def test_ppo_kl_uses_the_clamped_log_ratio() -> None:
+    """verl's ppo_kl is the masked mean of -clamp(log π_θ - log π_old, -20, 20), like the ratio it trains on."""
+    log_prob = torch.tensor([[30.0, -50.0, 0.5, 7.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    _, metrics = compute_policy_loss(log_prob, torch.zeros_like(log_prob), torch.ones(1), mask)
+    assert metrics["ppo_kl"].item() == pytest.approx((-20.0 + 20.0 - 0.5) / 3)
+    _, unclamped = compute_policy_loss(
+        log_prob, torch.zeros_like(log_prob), torch.ones(1), mask, log_ratio_clamp=None
+    )
+    assert unclamped["ppo_kl"].item() == pytest.approx((-30.0 + 50.0 - 0.5) / 3)
+
+
 def test_log_ratio_clamp_is_negligible_for_moderate_ratios() -> None:
     torch.manual_seed(3)
     log_prob, old, adv = torch.randn(4, 8) * 5, torch.randn(4, 8) * 5, torch.randn(4, 8)
