@@ -48,7 +48,7 @@ LAYOUTS = {  # name: (tp, pp, processes, micro-batches per DP rank)
     "tp2": (2, 1, 2, 2), "pp2": (1, 2, 2, 4), "tp2xpp2": (2, 2, 4, 2),
 }
 CASES = [("ce", name) for name in ("mb4", "dp2", "tp2", "pp2", "tp2xpp2")] + [
-    ("dapo", name) for name in ("mb1", "mb2", "mb4", "dp2", "tp2", "pp2")]
+    ("dapo", name) for name in ("mb1", "mb2", "mb4", "dp2", "tp2", "pp2", "tp2xpp2")]
 
 
 @pytest.mark.parametrize(("objective", "layout"), CASES, ids=[f"{o}-{n}" for o, n in CASES])
