@@ -11,9 +11,15 @@ class OptimConfig:
     """megatron-core optimizer name; `adam` with weight decay is AdamW (decoupled)."""
     lr: float = 1e-6
     min_lr: float = 0.0
-    lr_warmup_steps: int = 0
-    """Linear warm-up length in optimizer steps."""
+    lr_warmup_rollout_steps: int = 0
+    """Linear warm-up length in rollout steps (the paper: 20). The schedule advances once per optimizer step, over
+    this many times trainer.train_batch_size / trainer.ppo_mini_batch_size optimizer steps."""
+    lr_warmup_steps: int | None = None
+    """Replaced by lr_warmup_rollout_steps (this one counted optimizer steps); setting it is an error saying so."""
     weight_decay: float = 0.1
+    decay_all_parameters: bool = False
+    """Apply weight_decay to every parameter, as torch's AdamW over all parameters does (the paper's verl/FSDP
+    run). False: megatron-core's rule, no decay for biases and 1-D parameters (the norms' weights)."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
@@ -27,8 +33,12 @@ class OptimConfig:
             raise ValueError(f"optim.lr must be > 0; got {self.lr}.")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr must be in [0, optim.lr={self.lr}]; got {self.min_lr}.")
-        if self.lr_warmup_steps < 0:
-            raise ValueError(f"optim.lr_warmup_steps must be >= 0; got {self.lr_warmup_steps}.")
+        if self.lr_warmup_steps is not None:
+            raise ValueError("optim.lr_warmup_steps is gone: set optim.lr_warmup_rollout_steps, which counts rollout "
+                             "steps (the paper: 20; each is trainer.train_batch_size / trainer.ppo_mini_batch_size "
+                             f"optimizer steps); got optim.lr_warmup_steps={self.lr_warmup_steps}.")
+        if self.lr_warmup_rollout_steps < 0:
+            raise ValueError(f"optim.lr_warmup_rollout_steps must be >= 0; got {self.lr_warmup_rollout_steps}.")
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0; got {self.weight_decay}.")
         for name in ("adam_beta1", "adam_beta2"):

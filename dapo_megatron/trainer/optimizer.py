@@ -14,28 +14,45 @@ if TYPE_CHECKING:
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig, parallel: ParallelConfig,
-                    model_cfg: ModelConfig) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig, parallel: ParallelConfig, model_cfg: ModelConfig,
+                    optimizer_steps_per_rollout_step: int | None = None,
+                    ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """AdamW over a megatron DDP-wrapped model chunk, and a linear-warm-up-then-constant schedule.
 
-    Call `scheduler.step(1)` before each `optimizer.step()`: optimizer step k (1-based) then runs at
-    lr * min(1, k / lr_warmup_steps), so even the first step learns (verl's schedule gives it lr 0).
+    `optimizer_steps_per_rollout_step` (`TrainerConfig.optimizer_steps`) converts optim.lr_warmup_rollout_steps
+    into the schedule's unit; it may be left out only without a warm-up. Call `scheduler.step(1)` before each
+    `optimizer.step()`: optimizer step k (1-based) then runs at lr * min(1, k / warm-up optimizer steps), so even
+    the first step learns (verl's schedule gives it lr 0). On resume the checkpoint restores the step count only;
+    lr, warm-up and weight decay come from this config, so a corrected recipe applies to a resumed run too.
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    warmup = warmup_optimizer_steps(optim, optimizer_steps_per_rollout_step)
     config = OptimizerConfig(
         optimizer=optim.optimizer, lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
         clip_grad=optim.clip_grad, bf16=model_cfg.params_dtype == "bfloat16",
         fp16=model_cfg.params_dtype == "float16", use_distributed_optimizer=parallel.use_distributed_optimizer)
-    optimizer = get_megatron_optimizer(config, [model])
-    warmup = optim.lr_warmup_steps
+    # megatron-core's default overrides (None) give biases and 1-D parameters wd_mult 0; no overrides decay all.
+    optimizer = get_megatron_optimizer(config, [model], config_overrides={} if optim.decay_all_parameters else None)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0 if warmup else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
         lr_warmup_steps=warmup, lr_decay_steps=warmup + 1, lr_decay_style="constant",
-        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=1, wd_incr_style="constant")
+        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=1, wd_incr_style="constant",
+        override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False)
     return optimizer, scheduler
+
+
+def warmup_optimizer_steps(optim: OptimConfig, optimizer_steps_per_rollout_step: int | None) -> int:
+    """optim.lr_warmup_rollout_steps in optimizer steps, the unit the schedule advances in."""
+    if not optim.lr_warmup_rollout_steps:
+        return 0
+    if optimizer_steps_per_rollout_step is None or optimizer_steps_per_rollout_step < 1:
+        raise ValueError(f"optim.lr_warmup_rollout_steps={optim.lr_warmup_rollout_steps} needs the optimizer steps "
+                         "per rollout step (trainer.optimizer_steps) to size the warm-up; got "
+                         f"{optimizer_steps_per_rollout_step}")
+    return optim.lr_warmup_rollout_steps * optimizer_steps_per_rollout_step
 
 
 def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch.nn.Module:

@@ -124,7 +124,7 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     from dapo_megatron.trainer.optimizer import build_optimizer
 
     cfg = job.warmup
-    optim = dataclasses.replace(job.optim, lr=cfg.lr, lr_warmup_steps=0, weight_decay=0.0)
+    optim = dataclasses.replace(job.optim, lr=cfg.lr, lr_warmup_rollout_steps=0, weight_decay=0.0)
     optimizer, scheduler = build_optimizer(model, optim, job.parallel, job.model)
     split_seed = job.data.split_seed(job.seed)
     train_set = arithmetic.problems("warmup", seed=split_seed, task=job.data.task)
