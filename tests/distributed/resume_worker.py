@@ -38,8 +38,9 @@ def main() -> None:
     parallel = ParallelConfig(pipeline_model_parallel_size=args.pp, use_distributed_optimizer=args.distributed_optimizer)
     layout = initialize(parallel, seed=7 if args.mode == "continuous" else 8)
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
-    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-3, lr_warmup_steps=3, weight_decay=0.1),
-                                           parallel, cfg)
+    # Two optimizer steps per step below: the 6-step warm-up spans the checkpoint of step 2.
+    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-3, lr_warmup_rollout_steps=3, weight_decay=0.1),
+                                           parallel, cfg, 2)
     actor = Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
     batch = dapo_rows()
 
