@@ -55,6 +55,30 @@ def warmup_optimizer_steps(optim: OptimConfig, optimizer_steps_per_rollout_step:
     return optim.lr_warmup_rollout_steps * optimizer_steps_per_rollout_step
 
 
+def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
+    """`optimizer.load_state_dict(state)`, refusing with the config field to set when the checkpoint's optimizer
+    split the parameters differently into decayed and exempt ones (optim.decay_all_parameters)."""
+    saved, current = _exempts_some(state), _exempts_some({"param_groups": optimizer.param_groups})
+    if saved != current:
+        raise ValueError(f"the checkpoint's optimizer {'exempts' if saved else 'decays'} biases and norm weights "
+                         f"from weight decay, this run's {'exempts' if current else 'decays'} them: resume with "
+                         f"optim.decay_all_parameters={str(not saved).lower()}")
+    optimizer.load_state_dict(state)
+
+
+def _exempts_some(state: Any) -> bool:
+    """Whether any parameter group under `state` (a megatron optimizer state dict, nested or chained) has
+    weight decay turned off by megatron-core's wd_mult."""
+    if isinstance(state, list):
+        return any(_exempts_some(part) for part in state)
+    if not isinstance(state, dict):
+        return False
+    groups = state.get("param_groups")
+    if isinstance(groups, list) and any(group.get("wd_mult", 1.0) == 0.0 for group in groups):
+        return True
+    return any(_exempts_some(value) for key, value in state.items() if key != "state")
+
+
 def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch.nn.Module:
     """megatron DDP: gradients accumulate in fp32 buffers, are reduced over data parallel (averaged)
     and, with pipeline parallelism, tied embeddings are reduced between the first and last stage."""

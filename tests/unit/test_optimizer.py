@@ -93,3 +93,16 @@ def test_which_parameters_decay(build: Any, decay_all: bool) -> None:
     for name, param in model.named_parameters():
         shrink = 1.0 if name in exempt and not decay_all else 1.0 - lr * decay
         torch.testing.assert_close(param.detach(), before[name] * shrink, rtol=1e-6, atol=0, msg=name)
+
+
+def test_resume_across_a_decay_rule_change_names_the_field(build: Any) -> None:
+    from dapo_megatron.trainer.optimizer import load_optimizer_state
+
+    _, written, _ = build(OptimConfig(lr=1e-3))
+    _, same, _ = build(OptimConfig(lr=1e-3))
+    load_optimizer_state(same, written.state_dict())
+    _, other, _ = build(OptimConfig(lr=1e-3, decay_all_parameters=True))
+    with pytest.raises(ValueError, match=r"resume with optim\.decay_all_parameters=false"):
+        load_optimizer_state(other, written.state_dict())
+    with pytest.raises(ValueError, match=r"resume with optim\.decay_all_parameters=true"):
+        load_optimizer_state(same, other.state_dict())
