@@ -15,19 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.distributed.stop import StopRequest
 from dapo_megatron.metrics import MetricsLogger, format_line
 from dapo_megatron.models.sequence_padding import job_sequence_multiple
+from dapo_megatron.records import RankShare
 from dapo_megatron.trainer.actor import Actor
-from dapo_megatron.trainer.batch import RankShare, split_rows
+from dapo_megatron.trainer.batch import split_rows
 
 if TYPE_CHECKING:
-    from dapo_megatron.rollout.engine import SGLangEngine
+    from dapo_megatron.distributed.launch import ProcessEnv
 
 IMPORTED_AT = time.perf_counter()
 """Start-up is counted from here (torch already imported, ~1.5 s). Not from the process's start time: launch
@@ -55,15 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         preflight.check_job(job)  # before the engine and the policy start: a typo costs seconds, not minutes
     except CONFIG_ERRORS as error:
         return report_config_error(error)
-    engine = None
-    if not torch.cuda.is_available():  # on GPUs the engine starts once the policy holds its memory
-        from dapo_megatron.rollout.placement import launch_engine
-
-        engine = launch_engine(job, rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
-                               master_addr=env.master_addr, device="cpu")
-    layout = initialize(job.parallel, job.seed)
     try:
-        train(job, layout, engine)
+        # The process groups start inside the set-up: on CPU after the engine launched (`trainer/setup.py`).
+        train(job, env, lambda: initialize(job.parallel, job.seed))
     finally:
         shutdown()
     return 0
@@ -77,21 +70,34 @@ def _dry_run_paths(problems: list[Any]) -> int:
     return 2 if any(not problem.missing for problem in problems) else 0
 
 
-def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = None) -> None:
-    """The DAPO loop; `engine`: this rank's SGLang engine if already launched (`rollout.placement.launch_engine`)."""
+def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable[[], ParallelLayout]) -> None:
+    """The DAPO loop. `env`, `initialize`: this process's place and how its process groups start
+    (`trainer.setup.Session`).
+
+    A prompt's way to the loss, one owner per stage (the records it becomes: `records.py`):
+        rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, dynamic sampling
+        rollouts.training_batch     trainer/batch.py       shaped rewards, GRPO advantages, token rows
+        split_rows                  trainer/batch.py       this data-parallel rank's share, per optimizer step
+        update_policy -> Actor.train_step                  trainer/actor.py: one optimizer step
+            -> run_schedule         trainer/forward.py     megatron-core's forward/backward over micro-batches
+            -> dapo_loss_fn         trainer/actor.py       log-probs of the vocab-parallel logits
+            -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy, KL), summed
+        fleet.sync_weights          rollout/fleet.py       the new weights into every engine, checked
+    """
     from dapo_megatron.trainer.setup import Session
 
-    with Session(job, layout, engine) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
-                                                        enabled=layout.is_logging_rank) as metrics:
+    with Session(job, env, initialize) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
+                                                                 enabled=session.layout.is_logging_rank) as metrics:
+        layout, fleet, policy, rollouts = session.layout, session.fleet, session.policy, session.rollouts
         stop = StopRequest()
         step = saved = session.start_step
-        startup = {**session.timings, "startup/first_sync_s": session.sync_weights(step),
+        startup = {**session.timings, "startup/first_sync_s": fleet.sync_weights(policy.actor, rollouts.client, step),
                    "startup/total_s": time.perf_counter() - IMPORTED_AT}
         metrics.log(startup, step)
         if layout.is_logging_rank:
             metrics.print(format_line("start-up", {k.removeprefix("startup/"): v for k, v in startup.items()}))
         if job.eval.every and step == 0:
-            before = session.evaluate()
+            before = rollouts.evaluate()
             metrics.log(before, step)
             if layout.is_logging_rank:
                 metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
@@ -100,21 +106,21 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
-            groups, rollout_metrics = session.collect_rollouts()          # driving rank only
-            rows, batch_metrics = session.training_batch(groups, step)          # rewards, advantages
+            groups, rollout_metrics = rollouts.collect()                               # driving rank only
+            rows, batch_metrics = rollouts.training_batch(groups, step)                # rewards, advantages
             if ahead and step < job.trainer.total_steps:
-                session.generate_ahead()                   # the next batch, sampled by the weights before this update
-            session.release_rollout_memory()                                     # GPU: engine steps aside
+                rollouts.generate_ahead(session.threads)  # the next batch, sampled by the weights before this update
+            fleet.release_memory()                                                     # GPU: engine steps aside
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
-            train_metrics = update_policy(session.actor, share, off_policy=ahead,  # CPU: + the cores the engine frees
+            train_metrics = update_policy(policy.actor, share, off_policy=ahead,  # CPU: + the cores the engine frees
                                           before_each_step=session.threads.take_idle_cores)
-            wait_seconds = session.wait_for_ahead()                 # the engine takes no weights mid-generation
-            sync_seconds = session.sync_weights(step)
+            wait_seconds = rollouts.wait_for_ahead(session.threads)     # the engine takes no weights mid-generation
+            sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
             step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
             if ahead:
                 step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:
-                step_metrics.update(session.evaluate())
+                step_metrics.update(rollouts.evaluate())
             step_metrics["timing_s/step"] = time.perf_counter() - started
             step_metrics["throughput/tokens_per_s"] = batch_metrics["rollout/total_tokens"] / step_metrics["timing_s/step"]
             metrics.log(step_metrics, step)
@@ -124,7 +130,7 @@ def train(job: JobConfig, layout: ParallelLayout, engine: SGLangEngine | None = 
                 session.save(step)
                 saved = step
             if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
-                session.export_hf(step)
+                policy.export_hf(step)
         if saved != step:
             session.save(step)
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")

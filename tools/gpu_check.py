@@ -278,17 +278,18 @@ def stage_engine(check: Check) -> str:
     job = job_config.load(overrides, world_size=layout.world_size)
     timings = {}
     started = time.perf_counter()
-    with Session(job, layout) as session:
+    with Session(job, layout, lambda: layout) as session:
+        fleet, actor, client = session.fleet, session.policy.actor, session.rollouts.client
         timings["start"] = time.perf_counter() - started
-        session.release_rollout_memory()
+        fleet.release_memory()
         rows = random_rows(check.args.micro_batch_size, 64, len(char_tokenizer.VOCAB), seed=job.seed)
-        session.actor.train_step(rows, check.args.micro_batch_size)
+        actor.train_step(rows, check.args.micro_batch_size)
         started = time.perf_counter()
-        session.sync_weights(1)
+        fleet.sync_weights(actor, client, 1)
         timings["sync"] = time.perf_counter() - started
-        gap = session.check_sync("step-1")
+        gap = fleet.check_sync("step-1", actor, client)
         started = time.perf_counter()
-        metrics = session.evaluate()
+        metrics = session.rollouts.evaluate()
         timings["generate"] = time.perf_counter() - started
     generated = (f", {job.eval.num_problems} greedy generations (mean length {metrics['eval/response_length']:.1f})"
                  if metrics else "")

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from dapo_megatron.data.config import FORMATS, OVERLONG_MODES
+from dapo_megatron.records import PromptExample
 
 if TYPE_CHECKING:
     from dapo_megatron.data.config import DataConfig
@@ -61,7 +62,6 @@ __all__ = [
     "DatasetError",
     "DatasetStats",
     "PromptDataset",
-    "PromptExample",
     "PromptTokenizer",
     "build_dataset",
     "dapo_prompt",
@@ -104,25 +104,6 @@ class DatasetError(ValueError):
 
 class _RowProblem(Exception):
     """What is wrong with one row; turned into a DatasetError once the row's location is known."""
-
-
-@dataclass(frozen=True)
-class PromptExample:
-    """One prompt with its reference answer."""
-
-    uid: str
-    """Stable id: a hash of the normalised prompt (see the module docs)."""
-    prompt: str
-    """Text of the last user message: for DAPO data the full instruction + problem + reminder."""
-    ground_truth: str
-    data_source: str
-    """Names the task; the reward registry picks the scorer from it."""
-    messages: tuple[Mapping[str, str], ...]
-    """The chat turns fed to the chat template (``role`` and ``content`` only)."""
-    origin: str
-    """Where the row came from (``file, line N`` / ``file, row N``), for messages and debugging."""
-    prompt_ids: tuple[int, ...] | None = None
-    """Prompt token ids after the chat template and the length limit; None until tokenized."""
 
 
 @dataclass

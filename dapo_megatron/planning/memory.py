@@ -1,6 +1,6 @@
 """GPU memory of one rank, per phase of a DAPO step, computed from the config alone (no torch, no GPU).
 
-Three phases share each GPU (see `trainer/setup.py`):
+Three phases share each GPU (see `rollout/fleet.py`):
 
 * **training**: the SGLang engine has released its weights and KV cache (`release_memory`); the trainer
   holds its persistent state plus the activations of the micro-batches in flight.
@@ -502,7 +502,7 @@ def validate_for_cluster(job: JobConfig) -> None:
                           f"GPUs must be on one node; choose a divisor of {gpus}.")
     try:
         engine_placement(job.cluster.world_size, job.rollout, device="cuda")
-        check_overlap(job, device="cuda")
+        check_overlap(job.trainer, device="cuda")
     except ValueError as error:
         raise ConfigError(str(error)) from None
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups

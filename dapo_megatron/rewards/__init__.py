@@ -6,9 +6,8 @@
 * :mod:`.pool` - grading in worker processes with a per-sample timeout.
 * :mod:`.config` - :class:`RewardConfig` (the ``reward`` config group).
 
-Importing this package loads only the standard library. Scorer modules should import from the
-submodules (``dapo_megatron.rewards.math_dapo``), not from this package, to avoid import cycles
-through the registry.
+Importing this package loads only the standard library. The modules depend one way: ``config`` on
+``registry`` (the scorer names), ``registry`` on the scorers, ``pool`` on both.
 """
 
 from dapo_megatron.rewards.config import RewardConfig

@@ -16,12 +16,10 @@ Routing follows verl's ``default_compute_score`` (0.9.1) for the math sources: `
 """
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dapo_megatron.rewards import math_dapo, symbolic
-
-if TYPE_CHECKING:  # config imports this module for the scorer names
-    from dapo_megatron.rewards.config import RewardConfig
+import dapo_megatron.rewards.math_dapo as math_dapo
+import dapo_megatron.rewards.symbolic as symbolic
 
 __all__ = [
     "AUTO",
@@ -29,18 +27,31 @@ __all__ = [
     "DATA_SOURCE_SCORERS",
     "SCORERS",
     "Scorer",
+    "ScorerSettings",
     "score_math_dapo",
     "score_sample",
     "scorer_name_for",
 ]
 
-Scorer = Callable[[str, str, "RewardConfig"], Mapping[str, object]]
+
+
+class ScorerSettings(Protocol):
+    """What a scorer reads of the ``reward`` config (``rewards.config.RewardConfig``, which imports this module
+    for the scorer names it accepts)."""
+
+    scorer: str
+    boxed_fallback: bool
+    symbolic_equivalence: bool
+    timeout_s: float
+
+
+Scorer = Callable[[str, str, ScorerSettings], Mapping[str, object]]
 
 AUTO = "auto"
 """``RewardConfig.scorer`` value that picks the scorer per sample from its ``data_source``."""
 
 
-def score_math_dapo(solution: str, ground_truth: str, config: "RewardConfig") -> dict[str, object]:
+def score_math_dapo(solution: str, ground_truth: str, config: ScorerSettings) -> dict[str, object]:
     """DAPO's scorer, with the optional boxed fallback and symbolic second chance from ``config``."""
     result = math_dapo.compute_score(solution, ground_truth, boxed_fallback=config.boxed_fallback)
     acc, pred = result["acc"], result["pred"]
@@ -88,7 +99,7 @@ def scorer_name_for(data_source: str) -> str:
     )
 
 
-def score_sample(solution: str, ground_truth: str, data_source: str, *, config: "RewardConfig") -> dict:
+def score_sample(solution: str, ground_truth: str, data_source: str, *, config: ScorerSettings) -> dict:
     """Grade one sample with ``config.scorer`` (or, for ``"auto"``, the scorer of its data source).
 
     Returns:

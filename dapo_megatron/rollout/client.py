@@ -28,14 +28,14 @@ import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 import requests
 from requests.adapters import HTTPAdapter
 
+from dapo_megatron.records import FinishReason, Sample
 from dapo_megatron.rollout.config import RolloutConfig
 
-FinishReason = Literal["stop", "length", "abort"]
 _FINISH_REASONS = ("stop", "length", "abort")
 _CONNECT_TIMEOUT_S = 10.0
 _ABORT_TIMEOUT_S = 30.0
@@ -45,28 +45,6 @@ _PROGRESS_LOG_EVERY_S = 30.0
 
 class RolloutError(RuntimeError):
     """A generation or scoring request to the engine failed; the message names the request."""
-
-
-@dataclass(slots=True)
-class Sample:
-    """One generated response. SGLang's full `meta_info` is not kept: it holds text and timing for every
-    token, far more memory than training needs."""
-
-    key: Hashable
-    """The group key the prompt came with."""
-    index: int
-    """0..n-1 within the group."""
-    prompt_ids: list[int]
-    """Shared by all samples of a group; do not mutate."""
-    output_ids: list[int]
-    """Generated tokens, including the stop or EOS token that ended the response."""
-    logprobs: list[float]
-    """Per output token: log_softmax(logits / temperature) of the engine before top-p/top-k."""
-    finish_reason: FinishReason
-    """stop (EOS or a stop token), length (max_new_tokens) or abort (partial output)."""
-    weight_version: str
-    engine: str
-    """URL of the engine that generated it."""
 
 
 @dataclass(slots=True)

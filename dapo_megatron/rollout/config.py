@@ -39,7 +39,7 @@ class RolloutConfig:
     sampling (algo.tis_cap) and a looser rollout.sync_check_tolerance. None: the engine dtype."""
     seed: int | None = None
     """Seed of the engine's sampler (`--random-seed`, always passed) and of the per-request seeds of
-    `deterministic`; None = the job seed (`rollout/placement.rollout_config`)."""
+    `deterministic`; None = the job seed (`rollout/fleet.rollout_config`)."""
     deterministic: bool = False
     """Reproducible sampling (GPU only): SGLang's deterministic inference (`--enable-deterministic-inference`,
     batch-invariant kernels: a sequence's logits do not depend on what it is batched with) plus a seed per

@@ -1,4 +1,5 @@
-"""Where the rollout engines run: which trainer rank launches each SGLang engine, and on which devices.
+"""Where the rollout engines run: which trainer rank launches each SGLang engine, and on which devices
+(arithmetic on the config only; `rollout/fleet.py` launches them).
 
 Colocated placement: the ranks are cut into consecutive blocks of `ranks_per_engine`, and the first rank of
 each block launches one engine on its own GPU and the next `engine_tp_size - 1` (an engine's TP group shares
@@ -9,16 +10,10 @@ asks for more (the multi-engine paths are tested that way).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dapo_megatron.rollout.config import RolloutConfig
-
-if TYPE_CHECKING:
-    from dapo_megatron.config import JobConfig
-    from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.trainer.config import TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -73,39 +68,9 @@ def node_engine_gpus(rollout: RolloutConfig, gpus: int) -> list[int]:
     return [engine * tp for engine in range(count)]
 
 
-def check_overlap(job: JobConfig, device: str) -> None:
+def check_overlap(trainer: TrainerConfig, device: str) -> None:
     """trainer.overlap_rollout generates while the policy trains: the engine needs cores or devices the trainer
     is not using. Raises ValueError naming the field on GPUs, where engines are colocated."""
-    if job.trainer.overlap_rollout and device == "cuda":
+    if trainer.overlap_rollout and device == "cuda":
         raise ValueError("trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU "
                          "engine hands its memory to the trainer during the update; set trainer.overlap_rollout=false")
-
-
-def rollout_config(job: JobConfig) -> RolloutConfig:
-    """The rollout settings with the engine dtype (`auto` = the policy's) and the seed (None = the job's)
-    resolved."""
-    rollout = job.rollout
-    return dataclasses.replace(rollout, dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
-                               seed=job.seed if rollout.seed is None else rollout.seed)
-
-
-def launch_engine(job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str,
-                  device: str) -> SGLangEngine | None:
-    """Start (without waiting for it) the SGLang engine this rank launches, if any (`engine_placement`).
-
-    Colocated: the engine's TP group starts at this rank's GPU. In a multi-node job it listens on the address
-    towards the rendezvous host, where the driving rank can reach it. Needs no process group, so on CPU the
-    trainer calls it before importing megatron-core: SGLang's start-up (~20 s of imports in three processes
-    on two cores) then overlaps with the trainer's own."""
-    from dapo_megatron.rollout.engine import SGLangEngine, address_towards
-
-    placement = engine_placement(world_size, job.rollout, device)
-    index = placement.owns(rank)
-    if index is None or not job.model.hf_dir:  # without a model directory Session names the missing field
-        return None
-    log_dir = Path(job.rollout.log_dir or Path(job.output_dir) / "logs")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    name = "sglang_engine.log" if placement.num_engines == 1 else f"sglang_engine_{index}.log"
-    engine = SGLangEngine(job.model.hf_dir, rollout_config(job), log_file=log_dir / name,
-                          host=address_towards(master_addr), device=device, base_gpu_id=local_rank)
-    return engine.launch()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,69 +22,9 @@ from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.logprobs import vocab_parallel_logprobs
 from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
-from dapo_megatron.trainer.forward import LossFn, MicroBatch, run_schedule
+from dapo_megatron.records import PolicyMicroBatch, PolicyRows
+from dapo_megatron.trainer.forward import LossFn, run_schedule
 from dapo_megatron.trainer.optimizer import load_parameter_state, parameter_state
-
-
-@dataclass
-class PolicyMicroBatch(MicroBatch):
-    """A micro-batch of sampled sequences. Per-token tensors are [batch, seq] and aligned with `labels`
-    (position t scores the token at t + 1); `loss_mask` marks response tokens."""
-
-    advantages: torch.Tensor | None = None  # [batch]
-    old_log_prob: torch.Tensor | None = None  # [batch, seq]; None = on-policy (ratio exactly 1)
-    rollout_log_prob: torch.Tensor | None = None  # [batch, seq]; the engine's, for TIS and mismatch metrics
-
-
-@dataclass
-class PolicyRows:
-    """One optimizer batch of sequences on this data-parallel rank.
-
-    tokens: [n, L] prompt + response, right-padded. response_mask, old_log_prob, rollout_log_prob:
-    [n, L - 1], aligned with the labels tokens[:, 1:]. advantages: [n].
-    """
-
-    tokens: torch.Tensor
-    response_mask: torch.Tensor
-    advantages: torch.Tensor
-    old_log_prob: torch.Tensor | None = None
-    rollout_log_prob: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-    def subset(self, rows: slice | torch.Tensor, width: int | None = None) -> PolicyRows:
-        """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to `width + 1`)."""
-        def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
-            return None if t is None else t[rows, :None if width is None else width + extra]
-
-        return PolicyRows(tokens=cut(self.tokens, 1), response_mask=cut(self.response_mask),
-                          advantages=self.advantages[rows], old_log_prob=cut(self.old_log_prob),
-                          rollout_log_prob=cut(self.rollout_log_prob))
-
-    def widths(self) -> torch.Tensor:
-        """[n] label positions each row needs: one past its last response token (1 without one)."""
-        widths = self.response_mask.shape[1] - self.response_mask.flip(-1).float().argmax(-1)
-        return torch.where(self.response_mask.any(-1), widths, 1)
-
-    def micro_batches(self, sizes: Sequence[int]) -> list[PolicyMicroBatch]:
-        """Consecutive micro-batches of `sizes[i]` rows, each cut to its own longest row (no compute on
-        padding beyond it). A size of 0 stands for a micro-batch without rows (see `trainer/packing.py`:
-        it keeps the number of forward passes equal across DP ranks); it runs this batch's first token
-        with the loss mask off, so it adds nothing to the loss, its unit count or the gradient."""
-        widths = self.widths()
-        micro, start = [], 0
-        for size in sizes:
-            if size:
-                part = self.subset(slice(start, start + size), int(widths[start:start + size].max()))
-            else:
-                part = self.subset(slice(0, 1), 1)
-                part.response_mask = torch.zeros_like(part.response_mask)
-            start += size
-            micro.append(PolicyMicroBatch(
-                tokens=part.tokens[:, :-1], labels=part.tokens[:, 1:], loss_mask=part.response_mask,
-                advantages=part.advantages, old_log_prob=part.old_log_prob, rollout_log_prob=part.rollout_log_prob))
-        return micro
 
 
 def micro_batch_sizes(rows: int, micro_batch_size: int | Sequence[int]) -> list[int]:

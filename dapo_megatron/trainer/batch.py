@@ -8,42 +8,15 @@ Optionally overlong filtering masks truncated samples out of the loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from dapo_megatron.algo.advantages import compute_grpo_advantages
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.reward_shaping import overlong_penalty
-from dapo_megatron.trainer.actor import PolicyRows
+from dapo_megatron.records import PolicyRows, RankShare, ScoredGroup
 from dapo_megatron.trainer.config import TrainerConfig
 from dapo_megatron.trainer.packing import fixed_size_plan, token_budget_plan
-
-
-@dataclass
-class ScoredSample:
-    prompt_ids: list[int]
-    output_ids: list[int]
-    rollout_log_probs: list[float]
-    """The engine's log-prob of each output token (same length as output_ids)."""
-    finish_reason: str
-    """stop | length | abort"""
-    score: float
-    """The reward function's score (DAPO: +1 / -1)."""
-    acc: bool
-    weight_version: str = ""
-    """The engine's weights when it sampled this: `step-N` after the push that followed rollout step N."""
-
-
-@dataclass
-class ScoredGroup:
-    key: str
-    """Identifies the prompt (its dataset uid); GRPO normalises within a group."""
-    samples: list[ScoredSample]
-
-    @property
-    def accuracies(self) -> list[bool]:
-        return [s.acc for s in self.samples]
 
 
 def policy_lag(groups: Sequence[ScoredGroup], trained_step: int) -> dict[str, float]:
@@ -104,28 +77,6 @@ def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_
     }
     rows = PolicyRows(tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob)
     return rows, metrics
-
-
-@dataclass
-class RankShare:
-    """A data-parallel rank's rows of a rollout batch in training order, and how they are cut."""
-
-    rows: PolicyRows
-    micro_batch_sizes: list[list[int]]
-    """[optimizer step][micro-batch] -> rows; micro-batches are consecutive in `rows`, steps too."""
-
-    @property
-    def all_micro_batch_sizes(self) -> list[int]:
-        """Every micro-batch's rows, all steps in order (one pass over the whole share)."""
-        return [size for sizes in self.micro_batch_sizes for size in sizes]
-
-    def mini_batches(self) -> list[tuple[PolicyRows, list[int]]]:
-        """(rows, micro-batch sizes) of each optimizer step, in order."""
-        out, start = [], 0
-        for sizes in self.micro_batch_sizes:
-            out.append((self.rows.subset(slice(start, start + sum(sizes))), sizes))
-            start += sum(sizes)
-        return out
 
 
 def near_equal_slice(n: int, parts: int, index: int) -> slice:

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from dapo_megatron.records import Prompt
 from dapo_megatron.rewards.pool import RewardItem, RewardPool
 from dapo_megatron.rollout.client import RolloutClient, sample_seed
 from dapo_megatron.trainer.config import EvalConfig
-from dapo_megatron.trainer.rollout import Prompt
 
 
 @dataclass(frozen=True)

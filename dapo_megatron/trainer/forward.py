@@ -9,23 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.sequence_padding import model_sequence_multiple, padded_length
-
-
-@dataclass
-class MicroBatch:
-    """Right-padded token rows. tokens, labels, loss_mask: [batch, seq]."""
-
-    tokens: torch.Tensor
-    labels: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None
-
+from dapo_megatron.records import MicroBatch
 
 LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]
 """(micro-batch, last-stage output) -> (loss SUM over the micro-batch's units, number of units as an

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dapo_megatron.data import arithmetic
-from dapo_megatron.data.datasets import PromptDataset, PromptExample, PromptTokenizer, dataset_from_config
-from dapo_megatron.trainer.rollout import Prompt
+from dapo_megatron.data.datasets import PromptDataset, PromptTokenizer, dataset_from_config
+from dapo_megatron.records import Prompt, PromptExample
 
 
 class DatasetPrompts:

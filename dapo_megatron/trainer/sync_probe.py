@@ -6,11 +6,16 @@ Each probe row is a prompt followed by a continuation; only the continuation tok
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from dapo_megatron.records import PolicyRows, Prompt
 from dapo_megatron.rollout.client import RolloutClient
-from dapo_megatron.trainer.actor import PolicyRows
+from dapo_megatron.rollout.weight_sync import check_sync
+
+if TYPE_CHECKING:
+    from dapo_megatron.trainer.actor import Actor
 
 
 def probe_rows(prompts: Sequence[list[int]], continuations: Sequence[list[int]], *, pad_token_id: int) -> PolicyRows:
@@ -35,3 +40,42 @@ def engine_log_probs(client: RolloutClient, prompts: Sequence[list[int]], contin
     for row, (prompt, row_values) in enumerate(zip(prompts, values, strict=True)):
         out[row, len(prompt) - 1:len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
     return out
+
+
+PROBE_PROMPTS = 4
+PROBE_CONTINUATION = "Answer: 12"
+"""Teacher-forced after a few eval prompts to compare engine and trainer log-probs after a sync."""
+
+
+class SyncProbe:
+    """The probe batch of a job: the first `PROBE_PROMPTS` evaluation prompts, each followed by
+    `PROBE_CONTINUATION`, on every rank."""
+
+    def __init__(self, prompts: Sequence[list[int]], continuation: list[int], *, pad_token_id: int) -> None:
+        self.prompts = list(prompts)
+        self.continuations = [continuation] * len(self.prompts)
+        self.rows = probe_rows(self.prompts, self.continuations, pad_token_id=pad_token_id)
+
+    @classmethod
+    def from_driving_rank(cls, eval_prompts: Sequence[Prompt] | None, continuation: list[int], *,
+                          pad_token_id: int) -> SyncProbe:
+        """Built from the driving rank's evaluation prompts (`eval_prompts`; None elsewhere). Collective."""
+        objects = [[p.ids for p in eval_prompts[:PROBE_PROMPTS]] if eval_prompts is not None else None]
+        torch.distributed.broadcast_object_list(objects, src=0)
+        return cls(objects[0], continuation, pad_token_id=pad_token_id)
+
+    def check(self, actor: Actor, client: RolloutClient | None, *, version: str, tolerance: float,
+              micro_batch_size: int) -> float:
+        """Every engine's log-probs against the trainer's (`weight_sync.check_sync`). Collective: every rank
+        computes the trainer's; the driving rank (`client` not None) asks each engine. Returns the largest
+        difference (0.0 without a client)."""
+        # SGLang scores given tokens untempered, so compare at temperature 1.
+        trainer = actor.compute_log_probs(self.rows, micro_batch_size, temperature=1.0)
+        if client is None:
+            return 0.0
+        gaps = [0.0]
+        for index, url in enumerate(client.urls):  # each engine got its weights its own way
+            engine = engine_log_probs(client, self.prompts, self.continuations, engine=index)
+            gaps.append(check_sync(trainer, engine, self.rows.response_mask, tolerance=tolerance, version=version,
+                                   engine=url))
+        return max(gaps)

@@ -103,10 +103,11 @@ def main() -> None:
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import gather_full_state, load_full_state
-    from dapo_megatron.trainer.actor import Actor, PolicyRows, reduce_reports
+    from dapo_megatron.records import MicroBatch, PolicyRows
+    from dapo_megatron.trainer.actor import Actor, reduce_reports
     from dapo_megatron.trainer.batch import split_rows
     from dapo_megatron.trainer.config import OptimConfig, TrainerConfig
-    from dapo_megatron.trainer.forward import MicroBatch, run_schedule
+    from dapo_megatron.trainer.forward import run_schedule
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
     from dapo_megatron.trainer.warmup import token_sum
 

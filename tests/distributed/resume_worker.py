@@ -30,7 +30,8 @@ def main() -> None:
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import gather_full_state
-    from dapo_megatron.trainer.actor import Actor, PolicyRows
+    from dapo_megatron.records import PolicyRows
+    from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 

@@ -77,7 +77,7 @@ def test_sequence_parallel_gives_the_whole_batch_gradient(reference: dict, workd
 
 def micro_batch_widths(workdir: Path, micro_batches: int) -> list[int]:
     """Label positions of the DAPO batch's consecutive micro-batches, each cut to its longest row."""
-    from dapo_megatron.trainer.actor import PolicyRows
+    from dapo_megatron.records import PolicyRows
 
     batch = torch.load(workdir / "dapo_batch.pt")
     rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=batch["advantages"])
@@ -104,7 +104,7 @@ def test_token_budget_micro_batches_give_the_whole_batch_gradient(reference: dic
 def test_token_budget_plan_is_uneven(reference: dict, workdir: Path) -> None:
     # What makes the test above meaningful: micro-batches of different row counts, and DP ranks holding
     # other rows than the contiguous halves of the batch.
-    from dapo_megatron.trainer.actor import PolicyRows
+    from dapo_megatron.records import PolicyRows
     from dapo_megatron.trainer.batch import split_rows
     from dapo_megatron.trainer.config import TrainerConfig
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from dapo_megatron.data import char_tokenizer
+from dapo_megatron.records import Sample
 from dapo_megatron.rollout import client as client_module
-from dapo_megatron.rollout.client import RolloutClient, RolloutError, Sample
+from dapo_megatron.rollout.client import RolloutClient, RolloutError
 from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_greedy, hf_log_probs
 

@@ -35,12 +35,13 @@ def main() -> None:
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.models.config import ModelConfig
     from dapo_megatron.models.qwen2 import build_gpt_model
+    from dapo_megatron.records import PolicyRows
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
     from dapo_megatron.rollout.placement import engine_placement
     from dapo_megatron.rollout.weight_sync import SYNC_METHODS
-    from dapo_megatron.trainer.actor import Actor, PolicyRows
+    from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.forward import greedy_generate
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training

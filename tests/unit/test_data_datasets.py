@@ -21,7 +21,6 @@ from dapo_megatron.data.datasets import (
     DatasetError,
     DatasetStats,
     PromptDataset,
-    PromptExample,
     build_dataset,
     dapo_prompt,
     dataset_from_config,
@@ -31,6 +30,7 @@ from dapo_megatron.data.datasets import (
     render_prompt,
     tokenize_examples,
 )
+from dapo_megatron.records import PromptExample
 from tests.conftest import SHARED_DATA
 
 AIME_PARQUET = SHARED_DATA / "aime-2024.dapo.parquet"

@@ -15,7 +15,8 @@ import pytest
 from dapo_megatron import config as C
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
-from dapo_megatron.rollout.placement import node_engine_gpus, rollout_config
+from dapo_megatron.rollout.fleet import rollout_config
+from dapo_megatron.rollout.placement import node_engine_gpus
 from tests.conftest import REPO
 
 

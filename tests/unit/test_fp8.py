@@ -166,7 +166,8 @@ def test_fp8_micro_batches_are_padded_and_cut_back(one_rank_megatron: object) ->
     """With fp8 set on the model's config, the model sees 16-aligned sequences and the loss gets the real
     width back with the same values (on CPU the FP8 context is a no-op, so only the padding differs)."""
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.trainer.forward import MicroBatch, run_schedule
+    from dapo_megatron.records import MicroBatch
+    from dapo_megatron.trainer.forward import run_schedule
 
     model = build_gpt_model(ModelConfig(params_dtype="float32"), ParallelConfig(), one_rank_megatron)  # type: ignore[arg-type]
     seen: list[int] = []

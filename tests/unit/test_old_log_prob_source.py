@@ -43,8 +43,7 @@ def build_actor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def batch() -> Any:
     """8 rows of 6 prompt + 10 response tokens, advantages of both signs, cut into 2 optimizer steps; the same
     rows at every call."""
-    from dapo_megatron.trainer.actor import PolicyRows
-    from dapo_megatron.trainer.batch import RankShare
+    from dapo_megatron.records import PolicyRows, RankShare
 
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB, (8, 16), generator=generator)

@@ -20,10 +20,10 @@ from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient, sample_seed
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.trainer.collect import RolloutManager
 from dapo_megatron.trainer.config import EvalConfig, TrainerConfig
 from dapo_megatron.trainer.evaluate import evaluate
 from dapo_megatron.trainer.prompts import build_prompt_sources
-from dapo_megatron.trainer.rollout import RolloutManager
 from tests.conftest import JsonHandler, local_http_server
 
 

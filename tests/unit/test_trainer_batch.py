@@ -11,8 +11,9 @@ import torch
 from dapo_megatron import config as C
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.models.sequence_padding import padded_length
-from dapo_megatron.trainer.actor import PolicyRows, dapo_loss_fn, micro_batch_sizes
-from dapo_megatron.trainer.batch import ScoredGroup, ScoredSample, policy_lag, split_rows
+from dapo_megatron.records import PolicyRows, ScoredGroup, ScoredSample
+from dapo_megatron.trainer.actor import dapo_loss_fn, micro_batch_sizes
+from dapo_megatron.trainer.batch import policy_lag, split_rows
 from dapo_megatron.trainer.config import TrainerConfig
 
 

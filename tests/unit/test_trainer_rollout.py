@@ -1,4 +1,4 @@
-"""The driver's batch selection (trainer/rollout.py): which prompt groups a training batch is made of when
+"""The driver's batch selection (trainer/collect.py): which prompt groups a training batch is made of when
 groups complete out of order, the batch fills and the rest is aborted, and what the next step inherits.
 
 The engine here is a scripted stand-in for `RolloutClient` that only decides completion order: the real
@@ -14,12 +14,12 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import pytest
 
+from dapo_megatron.records import Prompt, Sample
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
-from dapo_megatron.rollout.client import Sample
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager
 from dapo_megatron.trainer.config import TrainerConfig
-from dapo_megatron.trainer.rollout import CollectCancelled, Prompt, RolloutManager
 
 N = 4  # samples per prompt
 

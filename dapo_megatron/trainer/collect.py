@@ -22,33 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dapo_megatron.algo.dynamic_sampling import BatchCollector
+from dapo_megatron.records import Drawn, Prompt, Sample, ScoredGroup, ScoredSample
 from dapo_megatron.rewards.pool import RewardItem, RewardPool
-from dapo_megatron.rollout.client import RolloutClient, Sample, sample_seed
+from dapo_megatron.rollout.client import RolloutClient, sample_seed
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.trainer.batch import ScoredGroup, ScoredSample
 from dapo_megatron.trainer.config import TrainerConfig
-
-
-@dataclass(frozen=True)
-class Prompt:
-    uid: str
-    ids: list[int]
-    ground_truth: str
-    data_source: str
-
-
-@dataclass(frozen=True)
-class Drawn:
-    """A prompt drawn from the source and, once generated and informative, its scored group."""
-
-    prompt: Prompt
-    group: ScoredGroup | None = None
-
-    @property
-    def accuracies(self) -> list[bool]:
-        if self.group is None:
-            raise ValueError(f"prompt {self.prompt.uid} has not been generated")
-        return self.group.accuracies
 
 
 class PromptSource(Protocol):

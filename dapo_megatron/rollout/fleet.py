@@ -1,0 +1,183 @@
+"""The job's SGLang engines as the trainer runs them: placement, launch, liveness, memory, weight sync.
+
+Life cycle, in the order `trainer/setup.py` calls it: `launch` (this rank's engine, if it launches one; the
+only place a training job starts an engine) -> `connect` (collective: every engine ready, their records
+exchanged) -> `open_sync` (collective: the weight sync and its probe batch) -> per step `release_memory`
+and `sync_weights` (with `check_sync` when due) -> `close_sync` -> `shutdown`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from dapo_megatron.config import JobConfig
+from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.rollout.placement import check_overlap, engine_placement
+
+if TYPE_CHECKING:
+    from dapo_megatron.distributed.layout import ParallelLayout
+    from dapo_megatron.rollout.client import RolloutClient
+    from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
+    from dapo_megatron.rollout.weight_sync import WeightSync
+    from dapo_megatron.trainer.actor import Actor
+    from dapo_megatron.trainer.sync_probe import SyncProbe
+
+
+def rollout_config(job: JobConfig) -> RolloutConfig:
+    """The rollout settings with the engine dtype (`auto` = the policy's) and the seed (None = the job's)
+    resolved."""
+    rollout = job.rollout
+    return dataclasses.replace(rollout, dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
+                               seed=job.seed if rollout.seed is None else rollout.seed)
+
+
+class EngineFleet:
+    """This rank's view of the job's engines: the one it launched, if any, and the records of all of them.
+
+    Args:
+        rank, world_size, local_rank, master_addr: this process's place (`distributed/launch.ProcessEnv`); no
+            process group is needed until `connect`.
+        device: "cuda" (engines colocated with the trainer's GPUs) or "cpu".
+    Raises ValueError naming the field when the engines cannot be placed (`rollout/placement.py`).
+    """
+
+    def __init__(self, job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str,
+                 device: str) -> None:
+        self.job, self.device = job, device
+        self.rank, self.local_rank, self.master_addr = rank, local_rank, master_addr
+        self.placement = engine_placement(world_size, job.rollout, device)
+        check_overlap(job.trainer, device)
+        self.engine: SGLangEngine | None = None
+        """The engine this rank launched."""
+        self.records: list[EngineRecord] = []
+        """Every engine of the job, in engine order (after `connect`)."""
+        self.watched: list[SGLangEngine | EngineRecord] = []
+        self.sync: WeightSync | None = None
+        self.probe: SyncProbe | None = None
+        self._released = False
+        self._last_check = -1
+
+    @property
+    def launches_before_policy(self) -> bool:
+        """On CPU the engine starts before the policy is built, so SGLang's start-up (~20 s of imports in three
+        processes on two cores) overlaps with the trainer's. Not on GPUs: the engine sizes its KV cache from
+        the memory left free, which must already exclude the policy's."""
+        return self.device == "cpu"
+
+    def launch(self) -> None:
+        """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group starts at
+        this rank's GPU; in a multi-node job it listens on the address towards the rendezvous host, where the
+        driving rank can reach it."""
+        from dapo_megatron.rollout.engine import SGLangEngine, address_towards
+
+        index = self.placement.owns(self.rank)
+        if index is None:
+            return
+        job = self.job
+        log_dir = Path(job.rollout.log_dir or Path(job.output_dir) / "logs")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        name = "sglang_engine.log" if self.placement.num_engines == 1 else f"sglang_engine_{index}.log"
+        self.engine = SGLangEngine(job.model.hf_dir, rollout_config(job), log_file=log_dir / name,
+                                   host=address_towards(self.master_addr), device=self.device,
+                                   base_gpu_id=self.local_rank).launch()
+
+    def connect(self, layout: ParallelLayout) -> None:
+        """Wait for this rank's engine, then exchange every engine's record. Collective."""
+        if self.engine is not None:
+            self.engine.wait_until_ready()
+        records: list[EngineRecord | None] = [None] * layout.world_size
+        torch.distributed.all_gather_object(records, self.engine.record() if self.engine is not None else None)
+        self.records = [record for record in records if record is not None]  # in engine order
+        # This rank's own engine is watched through its processes, the others through their records.
+        self.watched = [self.engine if self.engine is not None and record.url == self.engine.url else record
+                        for record in self.records]
+
+    @property
+    def urls(self) -> list[str]:
+        return [record.url for record in self.records]
+
+    def liveness_check(self) -> Callable[[str], None]:
+        """A `RolloutClient.on_error` hook that names the engine that died and quotes its log."""
+        from dapo_megatron.rollout.engine import liveness_check
+
+        return liveness_check(self.watched)
+
+    def open_sync(self, layout: ParallelLayout, probe: SyncProbe) -> None:
+        """The weight sync of `rollout.sync_method` into every engine, checked on `probe`. Collective."""
+        from dapo_megatron.rollout.weight_sync import SYNC_METHODS
+
+        rollout = self.job.rollout
+        self.sync = SYNC_METHODS[rollout.sync_method](
+            self.urls, self.job.model, layout, bucket_bytes=rollout.sync_bucket_mb * 2**20,
+            engine_tp_size=rollout.engine_tp_size, timeout_s=rollout.request_timeout_s,
+            engine_owners=[self.placement.owner(e) for e in range(self.placement.num_engines)])
+        self.probe = probe
+
+    @property
+    def _offloads(self) -> bool:
+        """On GPUs the engine gives its memory back while megatron trains (on CPU SGLang keeps it anyway)."""
+        return self.device == "cuda"
+
+    def release_memory(self) -> None:
+        """The engine steps aside for the update (GPU). Collective."""
+        if self._offloads and self.engine is not None:
+            self.engine.release_memory()
+            self._released = True
+        torch.distributed.barrier()
+
+    def sync_weights(self, actor: Actor, client: RolloutClient | None, step: int) -> float:
+        """Push the weights as version `step-N`; check them against the trainer when due (`check_sync`).
+        Collective; returns the seconds taken.
+
+        On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
+        push, then the KV cache once nothing of the trainer's transient buffers is needed any more."""
+        from dapo_megatron.rollout.engine import raise_if_any_died
+        from dapo_megatron.rollout.weight_sync import WeightSyncError
+
+        started = time.perf_counter()
+        version = f"step-{step}"
+        released = self._released
+        if released:
+            # PyTorch's caching allocator still holds the training step's peak; hand it back to the
+            # driver so SGLang can allocate its weights and KV cache in that memory.
+            torch.cuda.empty_cache()
+            self.engine.resume_memory(["weights"])
+        torch.distributed.barrier()
+        try:
+            self.sync.sync(actor.model, version)
+        except WeightSyncError as failure:  # a push refused because an engine died: say which, with its log
+            raise_if_any_died(self.watched, failure)
+            raise
+        if released:
+            torch.cuda.empty_cache()  # the sync's transient buffers
+            self.engine.resume_memory(["kv_cache", "cuda_graph"])
+            self._released = False
+        mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
+        if mode == "always" or (mode == "first" and (self._last_check < 0 or step - self._last_check >= every)):
+            self.check_sync(version, actor, client)
+            self._last_check = step
+        return time.perf_counter() - started
+
+    def check_sync(self, version: str, actor: Actor, client: RolloutClient | None) -> float:
+        """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError beyond
+        rollout.sync_check_tolerance. Collective; `client`: the driving rank's (None elsewhere). Returns the
+        largest difference (0.0 off the driving rank)."""
+        return self.probe.check(actor, client, version=version, tolerance=self.job.rollout.sync_check_tolerance,
+                                micro_batch_size=self.job.trainer.micro_batch_size)
+
+    def close_sync(self) -> None:
+        """First in the tear-down: a distributed sync's group is torn down on the engine's side too, while it
+        still runs."""
+        if self.sync is not None:
+            self.sync.close()
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
