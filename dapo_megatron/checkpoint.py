@@ -235,7 +235,8 @@ def load_training_state(path: Path | str, layout: ParallelLayout) -> tuple[dict[
 def _allowed_types(file: Path) -> list[Any]:
     """What unpickling training state may build besides tensors: numpy's RNG state, and the dataclasses of
     this package that the checkpoint names (the dynamic-sampling backlog, the batch generated ahead). Those
-    are plain records; found by name so that moving one between modules keeps old checkpoints loadable."""
+    are plain records, found by name; a name whose module is gone is looked up in `dapo_megatron.records`,
+    where every record now lives, so checkpoints written before a record moved there still load."""
     import numpy as np
 
     numpy_core = getattr(np, "_core", None) or np.core  # renamed in numpy 2
@@ -245,9 +246,13 @@ def _allowed_types(file: Path) -> list[Any]:
         module, _, attribute = name.rpartition(".")
         if module.split(".")[0] != __name__.split(".")[0]:
             continue
-        found = getattr(importlib.import_module(module), attribute, None)
+        try:
+            found = getattr(importlib.import_module(module), attribute, None)
+        except ModuleNotFoundError:
+            found = getattr(importlib.import_module(f"{__name__.split('.')[0]}.records"), attribute, None)
         if isinstance(found, type) and dataclasses.is_dataclass(found):
-            allowed.append(found)
+            # Under the name the checkpoint uses, which is not the class's own once it has moved.
+            allowed.append(found if f"{found.__module__}.{found.__qualname__}" == name else (found, name))
     return allowed
 
 

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_megatron.cli import CONFIG_ERRORS, USAGE, report_config_error, wants_help
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
+    from dapo_megatron.distributed.timeout import collective_timeout
 
     args = sys.argv[1:] if argv is None else argv
     if wants_help(args):
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_config_error(error)
     try:
         # The process groups start inside the set-up: on CPU after the engine launched (`trainer/setup.py`).
-        train(job, env, lambda: initialize(job.parallel, job.seed))
+        train(job, env, lambda: initialize(job.parallel, job.seed, timeout=collective_timeout(job, env.world_size)))
     finally:
         shutdown()
     return 0

@@ -170,7 +170,7 @@ def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
     job, layout, args = check.job, check.layout, check.args
     _reset_peak(check)
     model = wrap_for_training(build_gpt_model(model_cfg, job.parallel, layout), job.parallel)
-    optimizer, scheduler = build_optimizer(model, job.optim, job.parallel, model_cfg)
+    optimizer, scheduler = build_optimizer(model, job.optim, job.parallel, model_cfg, job.trainer.optimizer_steps)
     actor = Actor(model, optimizer, scheduler, job.algo, layout, vocab_size=model_cfg.vocab_size)
     rows = random_rows(args.batch_size, args.seq_length, model_cfg.vocab_size, seed=job.seed + layout.dp_rank)
     times = []

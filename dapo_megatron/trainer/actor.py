@@ -24,7 +24,7 @@ from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.records import PolicyMicroBatch, PolicyRows
 from dapo_megatron.trainer.forward import LossFn, run_schedule
-from dapo_megatron.trainer.optimizer import load_parameter_state, parameter_state
+from dapo_megatron.trainer.optimizer import load_optimizer_state, load_parameter_state, parameter_state
 
 
 def micro_batch_sizes(rows: int, micro_batch_size: int | Sequence[int]) -> list[int]:
@@ -152,7 +152,7 @@ class Actor:
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         load_parameter_state(self.optimizer, state.get("optimizer_parameter_state", []))
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])

@@ -19,7 +19,8 @@ class Policy:
         self.job, self.layout = job, layout
         self.checkpoints = Path(job.output_dir) / "checkpoints"
         self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
-        optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model)
+        optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model,
+                                               job.trainer.optimizer_steps)
         self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
                            temperature=job.rollout.temperature)
 
@@ -49,7 +50,9 @@ class Policy:
         `rollout_state` (None elsewhere) beside the step."""
         shared = None if rollout_state is None else {"step": step, **rollout_state}
         return checkpoint.save_model(self.model, self.checkpoints, step, self.job.model, self.layout,
-                                     rank_state=self.actor.state_dict(), shared_state=shared)
+                                     rank_state=self.actor.state_dict(), shared_state=shared,
+                                     keep_last=self.job.trainer.keep_last_checkpoints,
+                                     keep_every=self.job.trainer.keep_checkpoint_every)
 
     def export_hf(self, step: int) -> None:
         export_hf(self.model, self.job.model, self.layout, Path(self.job.output_dir) / "hf" / f"step_{step:07d}",

@@ -149,3 +149,23 @@ def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path
     loaded = checkpoint._load_state(directory / checkpoint.TRAINER_STATE_FILE)
     assert loaded["backlog"] == saved["backlog"] and loaded["rng"]["python"] == saved["rng"]["python"]
     assert np.array_equal(loaded["rng"]["numpy"][1], saved["rng"]["numpy"][1])
+
+
+def test_records_saved_under_a_module_that_is_gone_still_load(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checkpoints pickle the backlog's records by class path; the records have moved into dapo_megatron.records.
+    import sys
+    import types
+
+    from dapo_megatron.records import Prompt
+
+    old = "dapo_megatron.trainer.rollout"
+    with monkeypatch.context() as patch:  # pickle writes the class under its module's name at save time
+        patch.setitem(sys.modules, old, types.SimpleNamespace(Prompt=Prompt))
+        patch.setattr(Prompt, "__module__", old)
+        prompt = Prompt(**{f.name: None for f in __import__("dataclasses").fields(Prompt)})
+        directory = make_checkpoint(tmp_path, 1, manifest=False)
+        torch.save({"step": 1, "backlog": [prompt]}, directory / checkpoint.TRAINER_STATE_FILE)
+    assert old not in sys.modules
+    loaded = checkpoint._load_state(directory / checkpoint.TRAINER_STATE_FILE)
+    assert type(loaded["backlog"][0]) is Prompt and loaded["backlog"][0] == prompt
