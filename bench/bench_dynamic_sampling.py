@@ -30,27 +30,40 @@ MODES = ("streaming", "batch_sync")
 
 
 def run_mode(mode: str, args: argparse.Namespace, scratch: Path) -> dict[str, object]:
-    overrides = [f"model.hf_dir={args.base}", f"seed={args.seed}", f"data.task_seed={task_seed(args.base)}",
-                 f"trainer.total_steps={args.steps}",
-                 f"trainer.dynamic_sampling_mode={mode}", f"trainer.train_batch_size={args.prompts}",
-                 f"trainer.ppo_mini_batch_size={args.mini_batch}", f"eval.every={args.steps}",
-                 f"eval.num_problems={args.eval_problems}", "trainer.save_every=0",
-                 # streaming submits prompts as slots free up, so its round size only bounds the search;
-                 # batch_sync generates exactly this many per round: verl's 3 x the batch.
-                 f"trainer.gen_batch_size={3 * args.prompts if mode == 'batch_sync' else args.prompts * 3 // 2}"]
+    overrides = [
+        f"model.hf_dir={args.base}",
+        f"seed={args.seed}",
+        f"data.task_seed={task_seed(args.base)}",
+        f"trainer.total_steps={args.steps}",
+        f"trainer.dynamic_sampling_mode={mode}",
+        f"trainer.train_batch_size={args.prompts}",
+        f"trainer.ppo_mini_batch_size={args.mini_batch}",
+        f"eval.every={args.steps}",
+        f"eval.num_problems={args.eval_problems}",
+        "trainer.save_every=0",
+        # streaming submits prompts as slots free up, so its round size only bounds the search;
+        # batch_sync generates exactly this many per round: verl's 3 x the batch.
+        f"trainer.gen_batch_size={3 * args.prompts if mode == 'batch_sync' else args.prompts * 3 // 2}",
+    ]
     records = [r.metrics for r in train_run(overrides, scratch / mode, timeout=args.timeout)]
     steps = [r for r in records if r["step"] > 0 and "dynamic_sampling/samples_per_kept" in r]
     evals = [r for r in records if "eval/accuracy" in r]
     per_step = [r["dynamic_sampling/samples_per_kept"] for r in steps]
-    return {"samples_per_kept": spread(per_step), "samples_per_kept_mean": statistics.mean(per_step),
-            "samples_per_kept_per_step": per_step,
-            "keep_ratio": spread([r["dynamic_sampling/keep_ratio"] for r in steps]),
-            "gen_seconds": spread([r["timing_s/gen"] for r in steps]),
-            "eval_accuracy_before": evals[0]["eval/accuracy"], "eval_accuracy_after": evals[-1]["eval/accuracy"]}
+    return {
+        "samples_per_kept": spread(per_step),
+        "samples_per_kept_mean": statistics.mean(per_step),
+        "samples_per_kept_per_step": per_step,
+        "keep_ratio": spread([r["dynamic_sampling/keep_ratio"] for r in steps]),
+        "gen_seconds": spread([r["timing_s/gen"] for r in steps]),
+        "eval_accuracy_before": evals[0]["eval/accuracy"],
+        "eval_accuracy_after": evals[-1]["eval/accuracy"],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", type=Path, default=DEMO_BASE, help="demo base (built if missing)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--prompts", type=int, default=32, help="prompt groups trained per step (the demo's)")
@@ -68,21 +81,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         results = {mode: run_mode(mode, args, Path(scratch)) for mode in MODES}
     for mode, result in results.items():
-        print(f"{mode:10s} {describe('generated per trained', result['samples_per_kept'])}, "
-              f"mean {result['samples_per_kept_mean']:.3f}; {describe('keep ratio', result['keep_ratio'])}; "
-              f"eval acc {result['eval_accuracy_before']:.3f} -> {result['eval_accuracy_after']:.3f}")
+        print(
+            f"{mode:10s} {describe('generated per trained', result['samples_per_kept'])}, "
+            f"mean {result['samples_per_kept_mean']:.3f}; {describe('keep ratio', result['keep_ratio'])}; "
+            f"eval acc {result['eval_accuracy_before']:.3f} -> {result['eval_accuracy_after']:.3f}"
+        )
     streaming, batch_sync = results["streaming"], results["batch_sync"]
     summary = {
-        "generated_per_trained_vs_batch_sync": ratio(streaming["samples_per_kept"]["median"],
-                                                     batch_sync["samples_per_kept"]["median"]),
-        "generated_per_trained_vs_batch_sync_mean": ratio(streaming["samples_per_kept_mean"],
-                                                          batch_sync["samples_per_kept_mean"]),
+        "generated_per_trained_vs_batch_sync": ratio(
+            streaming["samples_per_kept"]["median"], batch_sync["samples_per_kept"]["median"]
+        ),
+        "generated_per_trained_vs_batch_sync_mean": ratio(
+            streaming["samples_per_kept_mean"], batch_sync["samples_per_kept_mean"]
+        ),
         "eval_accuracy_streaming": streaming["eval_accuracy_after"],
         "eval_accuracy_batch_sync": batch_sync["eval_accuracy_after"],
     }
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "seed": args.seed, "quick": args.quick,
-                                               "modes": results, **summary}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {"steps": args.steps, "seed": args.seed, "quick": args.quick, "modes": results, **summary},
+                indent=2,
+            )
+        )
     for key, value in summary.items():
         print(f"{key} {fmt(value)}")
 

@@ -85,11 +85,23 @@ from trainer_runs import (
     train_run,
 )
 
-LARGE_MODEL = ("model.hidden_size=512", "model.num_layers=10", "model.ffn_hidden_size=1536",
-               "model.num_attention_heads=8", "model.num_query_groups=2")
-LARGE_WARMUP = ("warmup.eval_mode=teacher_forced", "warmup.batch_size=32", "warmup.micro_batch_size=32",
-                "warmup.lr=1e-3", "warmup.eval_every=5", "warmup.eval_size=100", "warmup.max_steps=600",
-                "warmup.target_accuracy=0.2")
+LARGE_MODEL = (
+    "model.hidden_size=512",
+    "model.num_layers=10",
+    "model.ffn_hidden_size=1536",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=2",
+)
+LARGE_WARMUP = (
+    "warmup.eval_mode=teacher_forced",
+    "warmup.batch_size=32",
+    "warmup.micro_batch_size=32",
+    "warmup.lr=1e-3",
+    "warmup.eval_every=5",
+    "warmup.eval_size=100",
+    "warmup.max_steps=600",
+    "warmup.target_accuracy=0.2",
+)
 """The ~30M base on column addition. The warm-up is noisy at this size: builds with these settings stop at
 different steps, and some run out of steps short of the target (bench/RESULTS.md, 'The ~30M base'); check the
 base's summary before comparing runs."""
@@ -99,7 +111,9 @@ base's summary before comparing runs."""
 class Size:
     name: str
     base: Path
-    model: tuple[str, ...]  # model overrides: the warm-up builds it and the trainer loads it with the same shape
+    model: tuple[
+        str, ...
+    ]  # model overrides: the warm-up builds it and the trainer loads it with the same shape
     task: str  # data.task: the warm-up, both trainers' prompts and the held-out problems
     warmup: tuple[str, ...]  # warm-up overrides for building the base (tools/make_demo_base.py)
     prompts: int
@@ -109,7 +123,9 @@ class Size:
     overlong_buffer: int
     lr: float
     steps: int  # this project's rollout steps in the accuracy run
-    trl_steps: int  # TRL's: three times as many at the large size, room for TRL (it needs 50 at seed 0), so a TRL
+    trl_steps: (
+        int  # TRL's: three times as many at the large size, room for TRL (it needs 50 at seed 0), so a TRL
+    )
     # run that misses the target still bounds the ratio
     eval_every: int
     eval_problems: int
@@ -122,13 +138,48 @@ class Size:
 
 
 SIZES = {
-    "demo": Size("demo", DEMO_BASE, (), "addition", (), prompts=32, group=16, mini_batch=8, max_new_tokens=16,
-                 overlong_buffer=4, lr=3e-4, steps=40, trl_steps=40, eval_every=5, eval_problems=200, target_acc=0.4, same_work_steps=10, suffix="_demo",
-                 engine_idle_cores=False),
-    "large": Size("large", REPO / "outputs" / "bench_base_30m_columns", LARGE_MODEL, "column_addition", LARGE_WARMUP,
-                  prompts=8, group=8, mini_batch=2, max_new_tokens=128, overlong_buffer=16, lr=2e-5, steps=20,
-                  trl_steps=60, eval_every=5, eval_problems=200, target_acc=0.3, same_work_steps=10, suffix="",
-                  kv_tokens=65536),
+    "demo": Size(
+        "demo",
+        DEMO_BASE,
+        (),
+        "addition",
+        (),
+        prompts=32,
+        group=16,
+        mini_batch=8,
+        max_new_tokens=16,
+        overlong_buffer=4,
+        lr=3e-4,
+        steps=40,
+        trl_steps=40,
+        eval_every=5,
+        eval_problems=200,
+        target_acc=0.4,
+        same_work_steps=10,
+        suffix="_demo",
+        engine_idle_cores=False,
+    ),
+    "large": Size(
+        "large",
+        REPO / "outputs" / "bench_base_30m_columns",
+        LARGE_MODEL,
+        "column_addition",
+        LARGE_WARMUP,
+        prompts=8,
+        group=8,
+        mini_batch=2,
+        max_new_tokens=128,
+        overlong_buffer=16,
+        lr=2e-5,
+        steps=20,
+        trl_steps=60,
+        eval_every=5,
+        eval_problems=200,
+        target_acc=0.3,
+        same_work_steps=10,
+        suffix="",
+        kv_tokens=65536,
+    ),
 }
 """The large size's lr and target. At lr 1e-4 both trainers lose held-out accuracy within a few steps; at 2e-5
 this project holds or gains it (bench/RESULTS.md, 'Learning rate at ~30M'). 200 held-out problems put the
@@ -139,26 +190,53 @@ fixed before any run."""
 
 def quick(size: Size) -> Size:
     """A smoke test: two tiny rollout steps, a handful of evaluation problems."""
-    return replace(size, prompts=4, group=4, mini_batch=2, steps=2, trl_steps=2, eval_every=1, eval_problems=10,
-                   max_new_tokens=min(size.max_new_tokens, 32), same_work_steps=2)
+    return replace(
+        size,
+        prompts=4,
+        group=4,
+        mini_batch=2,
+        steps=2,
+        trl_steps=2,
+        eval_every=1,
+        eval_problems=10,
+        max_new_tokens=min(size.max_new_tokens, 32),
+        same_work_steps=2,
+    )
 
 
-def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_sampling: bool = True,
-         overlap: bool = False, run: int = 0) -> dict[str, Any]:
+def ours(
+    size: Size,
+    scratch: Path,
+    args: argparse.Namespace,
+    *,
+    dynamic_sampling: bool = True,
+    overlap: bool = False,
+    run: int = 0,
+) -> dict[str, Any]:
     """This project's run; without `dynamic_sampling` it trains every group, as TRL does (the same work per
     step: the throughput comparison), for `size.same_work_steps` steps without evaluation. `overlap`: the
     next batch is generated while the policy trains (trainer.overlap_rollout). `run` numbers repeats."""
     steps = size.steps if dynamic_sampling else size.same_work_steps
-    overrides = [f"model.hf_dir={size.base}", *size.model, f"data.task={size.task}",
-                 f"data.task_seed={task_seed(size.base)}", f"seed={args.seed}",
-                 f"trainer.total_steps={steps}",
-                 f"trainer.train_batch_size={size.prompts}", f"trainer.ppo_mini_batch_size={size.mini_batch}",
-                 f"trainer.gen_batch_size={size.prompts * 3 // 2}", f"rollout.n_samples_per_prompt={size.group}",
-                 f"rollout.max_response_length={size.max_new_tokens}",
-                 f"algo.overlong_buffer_length={size.overlong_buffer}", f"optim.lr={size.lr}",
-                 f"eval.every={size.eval_every if dynamic_sampling else 0}", f"eval.num_problems={size.eval_problems}",
-                 "trainer.save_every=0", f"trainer.overlap_rollout={str(overlap).lower()}",
-                 f"rollout.cpu_idle_cores={str(size.engine_idle_cores).lower()}"]
+    overrides = [
+        f"model.hf_dir={size.base}",
+        *size.model,
+        f"data.task={size.task}",
+        f"data.task_seed={task_seed(size.base)}",
+        f"seed={args.seed}",
+        f"trainer.total_steps={steps}",
+        f"trainer.train_batch_size={size.prompts}",
+        f"trainer.ppo_mini_batch_size={size.mini_batch}",
+        f"trainer.gen_batch_size={size.prompts * 3 // 2}",
+        f"rollout.n_samples_per_prompt={size.group}",
+        f"rollout.max_response_length={size.max_new_tokens}",
+        f"algo.overlong_buffer_length={size.overlong_buffer}",
+        f"optim.lr={size.lr}",
+        f"eval.every={size.eval_every if dynamic_sampling else 0}",
+        f"eval.num_problems={size.eval_problems}",
+        "trainer.save_every=0",
+        f"trainer.overlap_rollout={str(overlap).lower()}",
+        f"rollout.cpu_idle_cores={str(size.engine_idle_cores).lower()}",
+    ]
     if size.kv_tokens is not None:
         overrides += [f"rollout.max_total_tokens={size.kv_tokens}"]
     # Without dynamic sampling; and in --quick, where an untrained base rarely yields informative groups and a
@@ -178,57 +256,93 @@ def ours(size: Size, scratch: Path, args: argparse.Namespace, *, dynamic_samplin
         if m["step"] > 0 and "timing_s/step" in m:
             seconds = m["timing_s/step"] - m.get("timing_s/eval", 0.0)
             generated = m.get("dynamic_sampling/samples_per_kept", 1.0) * trained
-            steps.append({"seconds": seconds, "trained": trained, "generated": generated,
-                          "tokens": generated * m["rollout/response_length"],
-                          # dynamic sampling trains only groups whose samples disagree (off in --quick); without
-                          # it the trainer still logs their share
-                          "informative": trained * (1.0 if dynamic_sampling and not args.quick
-                                                    else m["dynamic_sampling/keep_ratio"])})
+            steps.append(
+                {
+                    "seconds": seconds,
+                    "trained": trained,
+                    "generated": generated,
+                    "tokens": generated * m["rollout/response_length"],
+                    # dynamic sampling trains only groups whose samples disagree (off in --quick); without
+                    # it the trainer still logs their share
+                    "informative": trained
+                    * (1.0 if dynamic_sampling and not args.quick else m["dynamic_sampling/keep_ratio"]),
+                }
+            )
     startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
     return summarise(steps, evals, startup, size)
 
 
 def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     out = scratch / f"trl_{size.name}.jsonl"
-    command = [args.trl_python, str(REPO / "bench" / "trl_dapo_worker.py"), f"--base={size.base}", f"--out={out}",
-               f"--task={size.task}", f"--task-seed={task_seed(size.base)}", f"--steps={size.trl_steps}", f"--prompts={size.prompts}", f"--group={size.group}",
-               f"--mini-batch={size.mini_batch}", f"--max-new-tokens={size.max_new_tokens}",
-               f"--overlong-buffer={size.overlong_buffer}", f"--lr={size.lr}", f"--eval-every={size.eval_every}",
-               f"--eval-problems={size.eval_problems}", f"--seed={args.seed}"]
+    command = [
+        args.trl_python,
+        str(REPO / "bench" / "trl_dapo_worker.py"),
+        f"--base={size.base}",
+        f"--out={out}",
+        f"--task={size.task}",
+        f"--task-seed={task_seed(size.base)}",
+        f"--steps={size.trl_steps}",
+        f"--prompts={size.prompts}",
+        f"--group={size.group}",
+        f"--mini-batch={size.mini_batch}",
+        f"--max-new-tokens={size.max_new_tokens}",
+        f"--overlong-buffer={size.overlong_buffer}",
+        f"--lr={size.lr}",
+        f"--eval-every={size.eval_every}",
+        f"--eval-problems={size.eval_problems}",
+        f"--seed={args.seed}",
+    ]
     log = scratch / f"trl_{size.name}.log"
     launched = time.time()
     with log.open("w") as f:
-        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(args.trl_threads),
-                              timeout=args.timeout).returncode
+        code = subprocess.run(
+            command,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=bench_env(args.trl_threads),
+            timeout=args.timeout,
+        ).returncode
     if code != 0:
         raise RuntimeError(f"TRL run exited with {code}; end of its log:\n{tail(log)}")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     steps, evals = [], []
     for before, after in itertools.pairwise(lines):
         generated = after["samples"] - before["samples"]
-        steps.append({"seconds": after["time"] - before["time"] - (after["eval_s"] - before["eval_s"]),
-                      "trained": generated, "generated": generated, "tokens": after["tokens"] - before["tokens"],
-                      "informative": after["informative"] - before["informative"]})
+        steps.append(
+            {
+                "seconds": after["time"] - before["time"] - (after["eval_s"] - before["eval_s"]),
+                "trained": generated,
+                "generated": generated,
+                "tokens": after["tokens"] - before["tokens"],
+                "informative": after["informative"] - before["informative"],
+            }
+        )
     for line in lines:
         if line["eval_accuracy"] is not None:
             # The stamp is taken before that evaluation ran: subtract only the earlier evaluations.
             own = line["eval_s"] - max((x["eval_s"] for x in lines if x["step"] < line["step"]), default=0.0)
-            evals.append((line["step"], line["eval_accuracy"], line["time"] - launched - (line["eval_s"] - own)))
+            evals.append(
+                (line["step"], line["eval_accuracy"], line["time"] - launched - (line["eval_s"] - own))
+            )
     return summarise(steps, evals, lines[0]["time"] - launched, size)
 
 
 def rates(steps: list[dict[str, float]]) -> dict[str, Any]:
     # Each step's own rates, then the median over steps: one slow stretch of the shared machine moves the
     # spread, not the answer.
-    return {"step_seconds": spread([s["seconds"] for s in steps]),
-            "trained_samples_per_s": spread([s["trained"] / s["seconds"] for s in steps]),
-            "generated_samples_per_s": spread([s["generated"] / s["seconds"] for s in steps]),
-            "generated_tokens_per_s": spread([s["tokens"] / s["seconds"] for s in steps]),
-            "informative_samples_per_s": spread([s["informative"] / s["seconds"] for s in steps])}
+    return {
+        "step_seconds": spread([s["seconds"] for s in steps]),
+        "trained_samples_per_s": spread([s["trained"] / s["seconds"] for s in steps]),
+        "generated_samples_per_s": spread([s["generated"] / s["seconds"] for s in steps]),
+        "generated_tokens_per_s": spread([s["tokens"] / s["seconds"] for s in steps]),
+        "informative_samples_per_s": spread([s["informative"] / s["seconds"] for s in steps]),
+    }
 
 
-def summarise(steps: list[dict[str, float]], evals: list[tuple[int, float, float]], startup: float,
-              size: Size) -> dict[str, Any]:
+def summarise(
+    steps: list[dict[str, float]], evals: list[tuple[int, float, float]], startup: float, size: Size
+) -> dict[str, Any]:
     reached = next(((step, seconds) for step, acc, seconds in evals if acc >= size.target_acc), None)
     return {
         **rates(steps),
@@ -248,13 +362,19 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     that never reached the target counting as later than any that did: None unless more than half of the runs
     reached it (of two, the slower). `reached_runs` is the share that reached it; the rates are medians over
     every run's steps; the accuracies are the median run's."""
+
     def reached_in(run: dict[str, Any]) -> float:
         return math.inf if run["time_to_accuracy_s"] is None else run["time_to_accuracy_s"]
 
     median_run = sorted(runs, key=reached_in)[len(runs) // 2]
     pooled = [step for r in runs for step in r["steps"]]
-    return {**median_run, **rates(pooled), "steps": pooled,
-            "reached_runs": sum(math.isfinite(reached_in(r)) for r in runs) / len(runs), "runs": runs}
+    return {
+        **median_run,
+        **rates(pooled),
+        "steps": pooled,
+        "reached_runs": sum(math.isfinite(reached_in(r)) for r in runs) / len(runs),
+        "runs": runs,
+    }
 
 
 def throughput_pairs(size: Size, scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -269,45 +389,82 @@ def throughput_pairs(size: Size, scratch: Path, args: argparse.Namespace) -> lis
         folder.mkdir(parents=True, exist_ok=True)
         theirs = trl(size, folder, args)
         mine = ours(size, folder, args, dynamic_sampling=False, overlap=True)
-        pairs.append({"trl": theirs, "ours_same_work": mine,
-                      "ratio": ratio(mine["trained_samples_per_s"]["median"],
-                                     theirs["trained_samples_per_s"]["median"])})
-        print(f"{size.name} pair {i}: TRL {describe('s/step', theirs['step_seconds'])}; ours "
-              f"{describe('s/step', mine['step_seconds'])}; e2e_throughput_vs_trl {fmt(pairs[-1]['ratio'])}",
-              flush=True)
+        pairs.append(
+            {
+                "trl": theirs,
+                "ours_same_work": mine,
+                "ratio": ratio(
+                    mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"]
+                ),
+            }
+        )
+        print(
+            f"{size.name} pair {i}: TRL {describe('s/step', theirs['step_seconds'])}; ours "
+            f"{describe('s/step', mine['step_seconds'])}; e2e_throughput_vs_trl {fmt(pairs[-1]['ratio'])}",
+            flush=True,
+        )
     return pairs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--steps", type=int, help="rollout steps per run, both sides (default: per size)")
     parser.add_argument("--trl-steps", type=int, help="TRL's rollout steps (default: --steps, else per size)")
-    parser.add_argument("--target-acc", type=float, help="held-out accuracy for time-to-accuracy (default: per size)")
+    parser.add_argument(
+        "--target-acc", type=float, help="held-out accuracy for time-to-accuracy (default: per size)"
+    )
     parser.add_argument("--demo-base", type=Path, default=SIZES["demo"].base)
     parser.add_argument("--large-base", type=Path, default=SIZES["large"].base)
-    parser.add_argument("--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python"))
+    parser.add_argument(
+        "--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python")
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trl-threads", type=int, default=os.cpu_count(),
-                        help="TRL's OMP_NUM_THREADS (default: every core, torch's own default, TRL's fastest here)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="this project's accuracy run, this many times (same seed: generating ahead, which "
-                        "groups a batch keeps depends on timing, so runs differ); time to accuracy is the upper "
-                        "median over runs. TRL's run is deterministic here and runs once")
-    parser.add_argument("--same-work-steps", type=int,
-                        help="rollout steps of the same-work (throughput) runs (default: per size)")
-    parser.add_argument("--pairs", type=int, default=0,
-                        help="throughput only: this many TRL / this project same-work pairs, one right after the "
-                        "other; no accuracy runs. e2e_throughput_vs_trl is then the lower median of the pairs' ratios")
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=os.cpu_count(),
+        help="TRL's OMP_NUM_THREADS (default: every core, torch's own default, TRL's fastest here)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="this project's accuracy run, this many times (same seed: generating ahead, which "
+        "groups a batch keeps depends on timing, so runs differ); time to accuracy is the upper "
+        "median over runs. TRL's run is deterministic here and runs once",
+    )
+    parser.add_argument(
+        "--same-work-steps",
+        type=int,
+        help="rollout steps of the same-work (throughput) runs (default: per size)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="throughput only: this many TRL / this project same-work pairs, one right after the "
+        "other; no accuracy runs. e2e_throughput_vs_trl is then the lower median of the pairs' ratios",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only",
+    )
     parser.add_argument("--json", help="write the results here too")
-    parser.add_argument("--keep", type=Path, help="write the runs' logs and metrics here (default: a temporary "
-                        "directory, removed at the end)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="write the runs' logs and metrics here (default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args()
     if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1 (this project's accuracy run, that many times); got {args.repeats}")
+        parser.error(
+            f"--repeats must be at least 1 (this project's accuracy run, that many times); got {args.repeats}"
+        )
     if args.pairs < 0:
         parser.error(f"--pairs must be at least 0 (0: the accuracy and throughput runs); got {args.pairs}")
     if not Path(args.trl_python).exists():
@@ -326,9 +483,13 @@ def main() -> None:
                 if name == "large":  # 2 warm-up steps: a shape check of the whole path, not a policy
                     size = replace(size, base=scratch / "large_base")
                     warmup += ("warmup.max_steps=2", "warmup.eval_size=8")
-            size = replace(size, steps=args.steps or size.steps, trl_steps=args.trl_steps or args.steps or size.trl_steps,
-                           target_acc=args.target_acc or size.target_acc,
-                           same_work_steps=args.same_work_steps or size.same_work_steps)
+            size = replace(
+                size,
+                steps=args.steps or size.steps,
+                trl_steps=args.trl_steps or args.steps or size.trl_steps,
+                target_acc=args.target_acc or size.target_acc,
+                same_work_steps=args.same_work_steps or size.same_work_steps,
+            )
             ensure_base(size.base, warmup, task=size.task)
             config = {k: str(v) for k, v in vars(size).items()}
             if args.pairs:
@@ -336,48 +497,74 @@ def main() -> None:
                 results[name] = {"config": config, "pairs": pairs}
                 ratios = sorted(pair["ratio"] for pair in pairs)
                 summary[f"e2e_throughput_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
-                summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratios[(len(ratios) - 1) // 2]  # lower median
+                summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratios[
+                    (len(ratios) - 1) // 2
+                ]  # lower median
                 continue
             # TRL first, then ours; never both at once (two cores). Ours generates ahead (trainer.overlap_rollout:
             # the engine on one core, the trainer on the other), and once without, for comparison.
-            results[name] = {"config": config, "trl": trl(size, scratch, args),
-                             "ours": over_runs([ours(size, scratch, args, overlap=True, run=i)
-                                                for i in range(args.repeats)]),
-                             "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
-                             "ours_same_work_synchronous": ours(size, scratch, args, dynamic_sampling=False)}
+            results[name] = {
+                "config": config,
+                "trl": trl(size, scratch, args),
+                "ours": over_runs(
+                    [ours(size, scratch, args, overlap=True, run=i) for i in range(args.repeats)]
+                ),
+                "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
+                "ours_same_work_synchronous": ours(size, scratch, args, dynamic_sampling=False),
+            }
             theirs, mine, same = results[name]["trl"], results[name]["ours"], results[name]["ours_same_work"]
             synchronous = results[name]["ours_same_work_synchronous"]
-            repeats = [(f"ours (run {i})", run) for i, run in enumerate(mine["runs"])] if args.repeats > 1 else []
+            repeats = (
+                [(f"ours (run {i})", run) for i, run in enumerate(mine["runs"])] if args.repeats > 1 else []
+            )
             median = f" (median run of {args.repeats})" if args.repeats > 1 else ""
-            for side, r in (("trl", theirs), (f"ours{median}", mine), *repeats, ("ours without dynamic sampling", same),
-                            ("ours without dynamic sampling, synchronous", synchronous)):
-                print(f"{name} {side} {describe('s/step', r['step_seconds'])}; "
-                      f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
-                      f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; "
-                      f"{describe('informative samples/s', r['informative_samples_per_s'])}; start-up "
-                      f"{r['startup_seconds']:.1f}s; eval acc {r['eval_accuracy']}; time to "
-                      f"{size.target_acc}: {r['time_to_accuracy_s']}")
+            for side, r in (
+                ("trl", theirs),
+                (f"ours{median}", mine),
+                *repeats,
+                ("ours without dynamic sampling", same),
+                ("ours without dynamic sampling, synchronous", synchronous),
+            ):
+                print(
+                    f"{name} {side} {describe('s/step', r['step_seconds'])}; "
+                    f"{describe('trained samples/s', r['trained_samples_per_s'])}; "
+                    f"{describe('generated tokens/s', r['generated_tokens_per_s'])}; "
+                    f"{describe('informative samples/s', r['informative_samples_per_s'])}; start-up "
+                    f"{r['startup_seconds']:.1f}s; eval acc {r['eval_accuracy']}; time to "
+                    f"{size.target_acc}: {r['time_to_accuracy_s']}"
+                )
             # The same work per step as TRL (every group trained): what the trainer itself turns out.
-            summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(same["trained_samples_per_s"]["median"],
-                                                                   theirs["trained_samples_per_s"]["median"])
+            summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratio(
+                same["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"]
+            )
             # The same work, generating only between updates.
             summary[f"e2e_throughput_synchronous_vs_trl{size.suffix}"] = ratio(
-                synchronous["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
+                synchronous["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"]
+            )
             # DAPO as run (dynamic sampling generates until the batch holds only informative groups).
             summary[f"e2e_throughput_dynamic_sampling_vs_trl{size.suffix}"] = ratio(
-                mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"])
+                mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"]
+            )
             summary[f"e2e_generated_tokens_per_s_vs_trl{size.suffix}"] = ratio(
-                mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"])
+                mine["generated_tokens_per_s"]["median"], theirs["generated_tokens_per_s"]["median"]
+            )
             summary[f"e2e_informative_samples_per_s_vs_trl{size.suffix}"] = ratio(
-                mine["informative_samples_per_s"]["median"], theirs["informative_samples_per_s"]["median"])
-            summary[f"time_to_accuracy_vs_trl{size.suffix}"] = ratio(mine["time_to_accuracy_s"],
-                                                                     theirs["time_to_accuracy_s"])
+                mine["informative_samples_per_s"]["median"], theirs["informative_samples_per_s"]["median"]
+            )
+            summary[f"time_to_accuracy_vs_trl{size.suffix}"] = ratio(
+                mine["time_to_accuracy_s"], theirs["time_to_accuracy_s"]
+            )
             summary[f"time_to_accuracy_reached_runs{size.suffix}"] = mine["reached_runs"]
             # TRL never reached the target but this project did: TRL's time is longer than its whole evaluated run,
             # so the ratio is below this bound (None stays None: a bound is not a measurement).
-            if mine["time_to_accuracy_s"] is not None and theirs["time_to_accuracy_s"] is None and theirs["eval_seconds"]:
-                summary[f"time_to_accuracy_vs_trl_upper_bound{size.suffix}"] = ratio(mine["time_to_accuracy_s"],
-                                                                                     theirs["eval_seconds"][-1])
+            if (
+                mine["time_to_accuracy_s"] is not None
+                and theirs["time_to_accuracy_s"] is None
+                and theirs["eval_seconds"]
+            ):
+                summary[f"time_to_accuracy_vs_trl_upper_bound{size.suffix}"] = ratio(
+                    mine["time_to_accuracy_s"], theirs["eval_seconds"][-1]
+                )
     if args.json:
         Path(args.json).write_text(json.dumps({"quick": args.quick, "sizes": results, **summary}, indent=2))
     # The headline ratios last, as bench/run.py reads them.

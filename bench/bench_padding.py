@@ -73,7 +73,9 @@ def measure(batches: list[list[int]], ranks: int, trainer: TrainerConfig) -> Mea
         out.real += sum(widths)
         per_rank = []
         for rank in range(ranks):
-            sizes = [padded_tokens(mb, widths) for step in plan_rank(widths, ranks, rank, trainer) for mb in step]
+            sizes = [
+                padded_tokens(mb, widths) for step in plan_rank(widths, ranks, rank, trainer) for mb in step
+            ]
             per_rank.append(sum(sizes))
             out.passes += len(sizes)
             out.largest = max(out.largest, *sizes)
@@ -83,17 +85,27 @@ def measure(batches: list[list[int]], ranks: int, trainer: TrainerConfig) -> Mea
 
 
 def report(name: str, m: Measured, ranks: int, batches: int) -> str:
-    return (f"  {name:<34} real {m.fraction:6.3f}  passes/rank/step {m.passes / ranks / batches:6.1f}  "
-            f"largest micro-batch {m.largest:>7} tokens  DP max/mean {statistics.mean(m.imbalance):.3f} "
-            f"(worst {max(m.imbalance):.3f})")
+    return (
+        f"  {name:<34} real {m.fraction:6.3f}  passes/rank/step {m.passes / ranks / batches:6.1f}  "
+        f"largest micro-batch {m.largest:>7} tokens  DP max/mean {statistics.mean(m.imbalance):.3f} "
+        f"(worst {max(m.imbalance):.3f})"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=8, help="data-parallel ranks")
-    parser.add_argument("--budget", type=int, default=MAX_PROMPT + MAX_RESPONSE,
-                        help="trainer.max_tokens_per_micro_batch (default: one longest row, 22528)")
-    parser.add_argument("--mini-batches", type=int, default=16, help="mini-batches of 512 rows per length model")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=MAX_PROMPT + MAX_RESPONSE,
+        help="trainer.max_tokens_per_micro_batch (default: one longest row, 22528)",
+    )
+    parser.add_argument(
+        "--mini-batches", type=int, default=16, help="mini-batches of 512 rows per length model"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -107,14 +119,20 @@ def main() -> None:
         # The fixed size with as many forward passes per rank as the plan: only padding differs.
         passes = planned.passes / args.ranks / args.mini_batches
         size = max(1, round(ROWS_PER_MINI_BATCH / args.ranks / passes))
-        fixed = measure(batches, args.ranks, TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1,
-                                                           micro_batch_size=size))
-        one_row = measure(batches, args.ranks, TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1,
-                                                             micro_batch_size=1))
+        fixed = measure(
+            batches,
+            args.ranks,
+            TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1, micro_batch_size=size),
+        )
+        one_row = measure(
+            batches, args.ranks, TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1, micro_batch_size=1)
+        )
         responses = [length for _, lengths in sampled for length in lengths]
-        print(f"{phase}: responses median {statistics.median(responses):.0f} mean {statistics.mean(responses):.0f} "
-              f"tokens, {sum(r >= MAX_RESPONSE for r in responses) / len(responses):.1%} truncated; {args.ranks} DP ranks, "
-              f"{args.mini_batches} x {ROWS_PER_MINI_BATCH} rows")
+        print(
+            f"{phase}: responses median {statistics.median(responses):.0f} mean {statistics.mean(responses):.0f} "
+            f"tokens, {sum(r >= MAX_RESPONSE for r in responses) / len(responses):.1%} truncated; {args.ranks} DP ranks, "
+            f"{args.mini_batches} x {ROWS_PER_MINI_BATCH} rows"
+        )
         print(report(f"fixed, micro_batch_size={size}", fixed, args.ranks, args.mini_batches))
         print(report("fixed, micro_batch_size=1", one_row, args.ranks, args.mini_batches))
         print(report(f"token budget {args.budget}", planned, args.ranks, args.mini_batches))

@@ -34,16 +34,23 @@ def measure(base: Path, attention: str, args: argparse.Namespace, log_dir: Path)
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
 
-    cfg = RolloutConfig(n_samples_per_prompt=args.group, max_response_length=args.max_new_tokens,
-                        max_total_tokens=16384, max_concurrent_requests=256, startup_timeout_s=600)
+    cfg = RolloutConfig(
+        n_samples_per_prompt=args.group,
+        max_response_length=args.max_new_tokens,
+        max_total_tokens=16384,
+        max_concurrent_requests=256,
+        startup_timeout_s=600,
+    )
     tokenizer = load_tokenizer(base)
     problems = arithmetic.problems("rl")
     os.environ["DAPO_CPU_ATTENTION"] = attention  # read by the engine process (rollout/sglang_cpu.py)
     rates = []
-    with SGLangEngine(base, cfg, log_file=log_dir / f"engine-{attention}.log") as engine, \
-            RolloutClient(engine.url, cfg) as client:
+    with (
+        SGLangEngine(base, cfg, log_file=log_dir / f"engine-{attention}.log") as engine,
+        RolloutClient(engine.url, cfg) as client,
+    ):
         for round_index in range(args.rounds + 1):
-            chunk = problems[round_index * args.prompts:(round_index + 1) * args.prompts]
+            chunk = problems[round_index * args.prompts : (round_index + 1) * args.prompts]
             prompts = [(i, tokenizer(p.prompt)["input_ids"]) for i, p in enumerate(chunk)]
             started, tokens = time.perf_counter(), 0
             for _, samples in client.stream_groups(prompts, stop_token_ids=[tokenizer.eos_token_id]):
@@ -51,13 +58,18 @@ def measure(base: Path, attention: str, args: argparse.Namespace, log_dir: Path)
             seconds = time.perf_counter() - started
             if round_index:  # the first round pays for lazy initialisation in the engine
                 rates.append(tokens / seconds)
-            print(f"{attention:8s} round {round_index}: {tokens} tokens in {seconds:.2f}s "
-                  f"({tokens / seconds:.0f} tokens/s)", flush=True)
+            print(
+                f"{attention:8s} round {round_index}: {tokens} tokens in {seconds:.2f}s "
+                f"({tokens / seconds:.0f} tokens/s)",
+                flush=True,
+            )
     return rates
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", type=Path, default=REPO / "outputs" / "demo_base")
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--group", type=int, default=16)
@@ -66,19 +78,34 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     if not (args.base / "config.json").exists():
-        subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(args.base),
-                        "--force"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "tools" / "make_demo_base.py"),
+                "--output",
+                str(args.base),
+                "--force",
+            ],
+            check=True,
+        )
 
     with tempfile.TemporaryDirectory() as scratch:
         stock = measure(args.base, "stock", args, Path(scratch))
         batched = measure(args.base, "batched", args, Path(scratch))
-    results = {"prompts": args.prompts, "group": args.group, "max_new_tokens": args.max_new_tokens,
-               "stock_tokens_per_s": stock, "batched_tokens_per_s": batched,
-               "rollout_tokens_per_s": statistics.median(batched),
-               "rollout_tokens_per_s_vs_stock": statistics.median(batched) / statistics.median(stock)}
+    results = {
+        "prompts": args.prompts,
+        "group": args.group,
+        "max_new_tokens": args.max_new_tokens,
+        "stock_tokens_per_s": stock,
+        "batched_tokens_per_s": batched,
+        "rollout_tokens_per_s": statistics.median(batched),
+        "rollout_tokens_per_s_vs_stock": statistics.median(batched) / statistics.median(stock),
+    }
     for name, rates in (("stock torch_native", stock), ("batched", batched)):
-        print(f"{name:18s} median {statistics.median(rates):.0f} tokens/s "
-              f"(min {min(rates):.0f}, max {max(rates):.0f}, {len(rates)} rounds)")
+        print(
+            f"{name:18s} median {statistics.median(rates):.0f} tokens/s "
+            f"(min {min(rates):.0f}, max {max(rates):.0f}, {len(rates)} rounds)"
+        )
     print(f"rollout_tokens_per_s_vs_stock {results['rollout_tokens_per_s_vs_stock']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -26,13 +26,17 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--methods", nargs="+", choices=["tensor", "distributed"], default=["tensor", "distributed"])
+    parser.add_argument(
+        "--methods", nargs="+", choices=["tensor", "distributed"], default=["tensor", "distributed"]
+    )
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
 
@@ -47,10 +51,17 @@ def main() -> None:
     from dapo_megatron.rollout.engine import SGLangEngine
     from dapo_megatron.rollout.weight_sync import SYNC_METHODS
 
-    cfg = ModelConfig(num_layers=args.layers, hidden_size=args.hidden, ffn_hidden_size=4 * args.hidden,
-                      num_attention_heads=args.hidden // 64, num_query_groups=max(args.hidden // 256, 1),
-                      vocab_size=args.vocab, max_position_embeddings=512, params_dtype="float32",
-                      transformer_impl="local")
+    cfg = ModelConfig(
+        num_layers=args.layers,
+        hidden_size=args.hidden,
+        ffn_hidden_size=4 * args.hidden,
+        num_attention_heads=args.hidden // 64,
+        num_query_groups=max(args.hidden // 256, 1),
+        vocab_size=args.vocab,
+        max_position_embeddings=512,
+        params_dtype="float32",
+        transformer_impl="local",
+    )
     nbytes = cfg.num_parameters() * 4
     with tempfile.TemporaryDirectory() as scratch:
         hf_dir = Path(scratch) / "hf"
@@ -80,16 +91,27 @@ def main() -> None:
         copy_s.append(time.perf_counter() - started)
 
     copy_rate = nbytes / statistics.median(copy_s)
-    results: dict[str, object] = {"model_parameters": cfg.num_parameters(), "bytes": nbytes, "memcpy_seconds": copy_s,
-                                  "memcpy_bytes_per_s": copy_rate}
-    print(f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of {args.bucket_mb} MiB")
+    results: dict[str, object] = {
+        "model_parameters": cfg.num_parameters(),
+        "bytes": nbytes,
+        "memcpy_seconds": copy_s,
+        "memcpy_bytes_per_s": copy_rate,
+    }
+    print(
+        f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of {args.bucket_mb} MiB"
+    )
     print(f"memcpy median {statistics.median(copy_s):.3f}s  {copy_rate / 2**30:.2f} GiB/s")
     for method, seconds in sync_s.items():
         rate = nbytes / statistics.median(seconds)
-        results |= {f"{method}_sync_seconds": seconds, f"{method}_sync_bytes_per_s": rate,
-                    f"{method}_sync_bytes_per_s_vs_memcpy": rate / copy_rate}
-        print(f"{method:<11} sync median {statistics.median(seconds):.2f}s  "
-              f"(runs: {', '.join(f'{s:.2f}' for s in seconds)})  {rate / 2**30:.2f} GiB/s")
+        results |= {
+            f"{method}_sync_seconds": seconds,
+            f"{method}_sync_bytes_per_s": rate,
+            f"{method}_sync_bytes_per_s_vs_memcpy": rate / copy_rate,
+        }
+        print(
+            f"{method:<11} sync median {statistics.median(seconds):.2f}s  "
+            f"(runs: {', '.join(f'{s:.2f}' for s in seconds)})  {rate / 2**30:.2f} GiB/s"
+        )
     for method in sync_s:
         print(f"{method}_sync_bytes_per_s_vs_memcpy {results[f'{method}_sync_bytes_per_s_vs_memcpy']:.3f}")
     if args.json:

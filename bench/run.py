@@ -39,9 +39,16 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 
 REQUIRED_KEYS = (
-    "e2e_throughput_vs_trl", "time_to_accuracy_vs_trl", "e2e_throughput_vs_trl_demo", "time_to_accuracy_vs_trl_demo",
-    "generated_per_trained_vs_batch_sync", "sync_bytes_per_s_vs_memcpy", "logprob_peak_mem_vs_naive",
-    "logprob_time_vs_naive", "real_token_fraction", "rollout_tokens_per_s_vs_stock",
+    "e2e_throughput_vs_trl",
+    "time_to_accuracy_vs_trl",
+    "e2e_throughput_vs_trl_demo",
+    "time_to_accuracy_vs_trl_demo",
+    "generated_per_trained_vs_batch_sync",
+    "sync_bytes_per_s_vs_memcpy",
+    "logprob_peak_mem_vs_naive",
+    "logprob_time_vs_naive",
+    "real_token_fraction",
+    "rollout_tokens_per_s_vs_stock",
 )
 """The keys with a target in `TARGETS` or reported beside them (the demo-size e2e ratios, bench_rollout's), always
 present in the JSON output."""
@@ -74,7 +81,9 @@ SPECS: dict[str, Spec] = {
     "rollout": Spec(quick=("--prompts", "4", "--group", "4", "--rounds", "1")),
     "padding": Spec(quick=("--mini-batches", "2")),
     "dynamic_sampling": Spec(quick=("--quick",)),
-    "e2e_trl": Spec(full=("--sizes", "demo"), quick=("--quick", "--sizes", "demo"), large=("--sizes", "demo", "large")),
+    "e2e_trl": Spec(
+        full=("--sizes", "demo"), quick=("--quick", "--sizes", "demo"), large=("--sizes", "demo", "large")
+    ),
 }
 """Benchmarks found under bench/ but missing here run with their defaults in both modes."""
 
@@ -116,9 +125,16 @@ def accepts_json(script: Path) -> bool:
     return '"--json"' in script.read_text()
 
 
-def run_one(name: str, script: Path, *, quick: bool, timeout: float, scratch: Path, large: bool = False) -> Result:
+def run_one(
+    name: str, script: Path, *, quick: bool, timeout: float, scratch: Path, large: bool = False
+) -> Result:
     spec = SPECS.get(name, Spec())
-    command = [sys.executable, str(script), *(spec.quick if quick else spec.full), *(spec.large if large else ())]
+    command = [
+        sys.executable,
+        str(script),
+        *(spec.quick if quick else spec.full),
+        *(spec.large if large else ()),
+    ]
     details_path = scratch / f"{name}.json"
     if accepts_json(script):
         command += ["--json", str(details_path)]
@@ -134,9 +150,17 @@ def run_one(name: str, script: Path, *, quick: bool, timeout: float, scratch: Pa
     details = json.loads(details_path.read_text()) if status == "ok" and details_path.exists() else None
     # A failed benchmark's stderr says why; a successful one's is mostly progress noise, keep its stdout.
     tail_source = stderr if status != "ok" and stderr.strip() else stdout
-    return Result(name=name, status=status, seconds=seconds, ratios=parse_ratios(stdout) if status == "ok" else {},
-                  details=details, output_tail="\n".join(tail_source.strip().splitlines()[-15:]), command=command,
-                  load_before=load_before, load_after=os.getloadavg()[0])
+    return Result(
+        name=name,
+        status=status,
+        seconds=seconds,
+        ratios=parse_ratios(stdout) if status == "ok" else {},
+        details=details,
+        output_tail="\n".join(tail_source.strip().splitlines()[-15:]),
+        command=command,
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+    )
 
 
 def _text(data: str | bytes | None) -> str:
@@ -150,7 +174,9 @@ def summary(results: list[Result]) -> dict[str, float | None]:
         merged.update(result.ratios)
     if "sync_bytes_per_s_vs_memcpy" not in merged:
         # bench_weight_sync reports each sync method; the job runs whichever is configured, so the best counts.
-        per_method = [v for k, v in merged.items() if k.endswith("_sync_bytes_per_s_vs_memcpy") and v is not None]
+        per_method = [
+            v for k, v in merged.items() if k.endswith("_sync_bytes_per_s_vs_memcpy") and v is not None
+        ]
         if per_method:
             merged["sync_bytes_per_s_vs_memcpy"] = max(per_method)
     return {**{key: merged.get(key) for key in REQUIRED_KEYS}, **merged}
@@ -189,7 +215,9 @@ def render(results: list[Result], values: dict[str, float | None], *, quick: boo
             rows.append(("", "", "", "", key, _fmt(values.get(key)), judged(key, values, quick)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["--quick: smoke-test sizes, the numbers say nothing about the targets"] if quick else []
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     for result in results:
         if result.status != "ok":
             lines += ["", f"--- {result.name} {result.status}; last lines of its output:", result.output_tail]
@@ -205,19 +233,30 @@ def _fmt(value: float | None) -> str:
 
 
 def machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="shrink every benchmark to a smoke test")
-    parser.add_argument("--large", action="store_true",
-                        help="also run e2e_trl's ~30M size (the headline keys; hours on 2 cores, raise --timeout)")
+    parser.add_argument(
+        "--large",
+        action="store_true",
+        help="also run e2e_trl's ~30M size (the headline keys; hours on 2 cores, raise --timeout)",
+    )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these (e.g. logprobs e2e_trl)")
     parser.add_argument("--json", type=Path, help="write the ratios and per-benchmark details here")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per benchmark before it counts as failed")
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds per benchmark before it counts as failed"
+    )
     parser.add_argument("--bench-dir", type=Path, default=BENCH_DIR, help=argparse.SUPPRESS)  # for the tests
     args = parser.parse_args(argv)
 
@@ -231,14 +270,27 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
-            results.append(run_one(name, found[name], quick=args.quick, timeout=args.timeout, scratch=Path(scratch),
-                                   large=args.large))
+            results.append(
+                run_one(
+                    name,
+                    found[name],
+                    quick=args.quick,
+                    timeout=args.timeout,
+                    scratch=Path(scratch),
+                    large=args.large,
+                )
+            )
             print(f"[run] {name}: {results[-1].status} in {results[-1].seconds:.0f}s", flush=True)
     values = summary(results)
     print(render(results, values, quick=args.quick))
     if args.json:
-        report = {**values, "quick": args.quick, "machine": machine(), "targets": TARGETS,
-                  "benchmarks": {r.name: asdict(r) for r in results}}
+        report = {
+            **values,
+            "quick": args.quick,
+            "machine": machine(),
+            "targets": TARGETS,
+            "benchmarks": {r.name: asdict(r) for r in results},
+        }
         args.json.write_text(json.dumps(report, indent=2))
         print(f"[run] wrote {args.json}")
     return 0 if all(r.status == "ok" for r in results) else 1

@@ -32,18 +32,34 @@ class Record:
     metrics: dict[str, float]
 
 
-def ensure_base(base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 3600) -> Path:
+def ensure_base(
+    base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 3600
+) -> Path:
     """Build the base policy for `task` with tools/make_demo_base.py unless `base` already holds one; refuse a
     base warmed up on another task (its summary says which; bases from before tasks existed are `addition`)."""
     summary = base / "warmup_summary.json"
     if (base / "config.json").exists():
         built = warmed_up_on(json.loads(summary.read_text()))[0] if summary.exists() else task
         if built != task:
-            raise ValueError(f"{base} was warmed up on data.task={built}, not {task}: remove it or pass another base")
+            raise ValueError(
+                f"{base} was warmed up on data.task={built}, not {task}: remove it or pass another base"
+            )
         return base
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(base), "--force",
-                    f"data.task={task}", *overrides], check=True, cwd=REPO, timeout=timeout,
-                   env=bench_env(os.cpu_count() or 1))  # no engine beside the warm-up: every core
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "make_demo_base.py"),
+            "--output",
+            str(base),
+            "--force",
+            f"data.task={task}",
+            *overrides,
+        ],
+        check=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=bench_env(os.cpu_count() or 1),
+    )  # no engine beside the warm-up: every core
     return base
 
 
@@ -60,19 +76,29 @@ def bench_env(threads: int = 1) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
 
-def train_run(overrides: Sequence[str], out_dir: Path, *, timeout: float, threads: int = 1,
-              poll_s: float = 0.1) -> list[Record]:
+def train_run(
+    overrides: Sequence[str], out_dir: Path, *, timeout: float, threads: int = 1, poll_s: float = 0.1
+) -> list[Record]:
     """One trainer job (`experiment=demo` + overrides, output in `out_dir`); its metrics records in order.
     Raises with the end of the job's log when it fails or times out."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path, jsonl = out_dir / "train.log", out_dir / "tensorboard" / "metrics.jsonl"
-    command = [sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"output_dir={out_dir}",
-               "trainer.resume=never", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "dapo_megatron.train",
+        "experiment=demo",
+        f"output_dir={out_dir}",
+        "trainer.resume=never",
+        *overrides,
+    ]
     records: list[Record] = []
     offset, pending = 0, ""
     started = time.perf_counter()
     with log_path.open("w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(threads))
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=bench_env(threads)
+        )
         try:
             while True:
                 done = proc.poll() is not None
@@ -93,9 +119,13 @@ def train_run(overrides: Sequence[str], out_dir: Path, *, timeout: float, thread
         except BaseException:
             proc.kill()
             proc.wait()
-            raise RuntimeError(f"{' '.join(command)} did not finish; end of {log_path}:\n{tail(log_path)}") from None
+            raise RuntimeError(
+                f"{' '.join(command)} did not finish; end of {log_path}:\n{tail(log_path)}"
+            ) from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with {proc.returncode}; end of {log_path}:\n{tail(log_path)}")
+        raise RuntimeError(
+            f"{' '.join(command)} exited with {proc.returncode}; end of {log_path}:\n{tail(log_path)}"
+        )
     return records
 
 
@@ -115,8 +145,10 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
 def describe(name: str, stats: dict[str, Any], unit: str = "") -> str:
     if stats["median"] is None:
         return f"{name}: none"
-    return (f"{name}: median {stats['median']:.3g}{unit} (p10 {stats['p10']:.3g}, p90 {stats['p90']:.3g}, "
-            f"n={stats['n']})")
+    return (
+        f"{name}: median {stats['median']:.3g}{unit} (p10 {stats['p10']:.3g}, p90 {stats['p90']:.3g}, "
+        f"n={stats['n']})"
+    )
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -32,12 +32,18 @@ from dapo_megatron.rewards.math_dapo import compute_score  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--task", choices=arithmetic.TASKS, required=True, help="as the trainer's data.task")
-    parser.add_argument("--task-seed", type=int, required=True,
-                        help="the seed that split the base's task (as the trainer's data.task_seed)")
+    parser.add_argument(
+        "--task-seed",
+        type=int,
+        required=True,
+        help="the seed that split the base's task (as the trainer's data.task_seed)",
+    )
     parser.add_argument("--steps", type=int, required=True, help="rollout steps")
     parser.add_argument("--prompts", type=int, required=True, help="prompts per rollout step")
     parser.add_argument("--group", type=int, required=True, help="samples per prompt")
@@ -61,15 +67,16 @@ class Counter:
 
 
 def dapo_reward(counter: Counter, tokenizer: Any, group: int) -> Any:
-    def reward(completions: list[str], answer: list[str], completion_ids: list[list[int]] | None = None,
-               **_: Any) -> list[float]:
+    def reward(
+        completions: list[str], answer: list[str], completion_ids: list[list[int]] | None = None, **_: Any
+    ) -> list[float]:
         ids = completion_ids if completion_ids is not None else [tokenizer.encode(c) for c in completions]
         counter.samples += len(completions)
         counter.tokens += sum(len(i) for i in ids)
         scores = [compute_score(c, a) for c, a in zip(completions, answer, strict=True)]
         # TRL repeats each prompt `group` times in a row, so a generation batch is whole groups, in order.
         for start in range(0, len(scores), group):
-            accuracies = [bool(s["acc"]) for s in scores[start:start + group]]
+            accuracies = [bool(s["acc"]) for s in scores[start : start + group]]
             counter.informative += len(accuracies) if judge_group(accuracies) in KEEP_REASONS else 0
         return [float(s["score"]) for s in scores]
 
@@ -77,7 +84,9 @@ def dapo_reward(counter: Counter, tokenizer: Any, group: int) -> Any:
     return reward
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, problems: list[arithmetic.Problem], max_new_tokens: int) -> float:
+def greedy_accuracy(
+    model: Any, tokenizer: Any, problems: list[arithmetic.Problem], max_new_tokens: int
+) -> float:
     import torch
 
     was_training = model.training
@@ -86,11 +95,18 @@ def greedy_accuracy(model: Any, tokenizer: Any, problems: list[arithmetic.Proble
     tokenizer.padding_side = "left"
     with torch.no_grad():
         for start in range(0, len(problems), 100):
-            chunk = problems[start:start + 100]
-            batch = tokenizer([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-            out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            chunk = problems[start : start + 100]
+            batch = tokenizer(
+                [p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False
+            )
+            out = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
             correct += sum(compute_score(t, p.answer)["acc"] for t, p in zip(texts, chunk, strict=True))
     model.train(was_training)
     return correct / len(problems)
@@ -107,25 +123,50 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.base)
     model = Qwen2ForCausalLM.from_pretrained(args.base, dtype=torch.float32)
-    train = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer}
-                               for p in arithmetic.problems("rl", seed=args.task_seed, task=args.task)])
-    held_out = arithmetic.problems("eval", seed=args.task_seed, task=args.task)[:args.eval_problems]
+    train = Dataset.from_list(
+        [
+            {"prompt": p.prompt, "answer": p.answer}
+            for p in arithmetic.problems("rl", seed=args.task_seed, task=args.task)
+        ]
+    )
+    held_out = arithmetic.problems("eval", seed=args.task_seed, task=args.task)[: args.eval_problems]
     optimizer_steps = args.prompts // args.mini_batch
     counter = Counter()
     config = GRPOConfig(
-        output_dir=str(args.out.parent / "trl_out"), use_cpu=True, seed=args.seed, report_to="none",
-        save_strategy="no", logging_steps=optimizer_steps, disable_dropout=True,
+        output_dir=str(args.out.parent / "trl_out"),
+        use_cpu=True,
+        seed=args.seed,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=optimizer_steps,
+        disable_dropout=True,
         # One rollout batch of prompts x group samples feeds `optimizer_steps` optimizer steps of one
         # mini-batch each, a single pass (num_iterations=1): the later steps are off-policy, so clipping acts.
-        num_generations=args.group, per_device_train_batch_size=args.mini_batch * args.group,
-        gradient_accumulation_steps=1, steps_per_generation=optimizer_steps, num_iterations=1,
-        max_steps=args.steps * optimizer_steps, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0,
+        num_generations=args.group,
+        per_device_train_batch_size=args.mini_batch * args.group,
+        gradient_accumulation_steps=1,
+        steps_per_generation=optimizer_steps,
+        num_iterations=1,
+        max_steps=args.steps * optimizer_steps,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
         # DAPO: token-level loss over the batch, clip-higher 0.2 / 0.28, no KL, group-normalised advantages.
-        loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, scale_rewards="group",
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        scale_rewards="group",
         # The optimiser of configs/optim/adamw_demo.yaml.
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
         # GRPOConfig turns bf16 autocast on unless told otherwise, on CPU too; this project trains in fp32, and
         # the comparison must be of the same numerics.
         bf16=False,
@@ -133,9 +174,20 @@ def main() -> None:
     out = args.out.open("w")
 
     def record(step: int, eval_s: float, accuracy: float | None) -> None:
-        out.write(json.dumps({"step": step, "time": time.time(), "eval_s": eval_s, "samples": counter.samples,
-                              "tokens": counter.tokens, "informative": counter.informative,
-                              "eval_accuracy": accuracy}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "time": time.time(),
+                    "eval_s": eval_s,
+                    "samples": counter.samples,
+                    "tokens": counter.tokens,
+                    "informative": counter.informative,
+                    "eval_accuracy": accuracy,
+                }
+            )
+            + "\n"
+        )
         out.flush()
 
     class Progress(TrainerCallback):
@@ -159,10 +211,17 @@ def main() -> None:
             if state.global_step % optimizer_steps == 0:
                 self.evaluate(state.global_step // optimizer_steps)
 
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=train, args=config,
-                          reward_funcs=[dapo_reward(counter, tokenizer, args.group),
-                                        get_soft_overlong_punishment(args.max_new_tokens, args.overlong_buffer)],
-                          callbacks=[Progress()])
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        train_dataset=train,
+        args=config,
+        reward_funcs=[
+            dapo_reward(counter, tokenizer, args.group),
+            get_soft_overlong_punishment(args.max_new_tokens, args.overlong_buffer),
+        ],
+        callbacks=[Progress()],
+    )
     trainer.train()
     out.close()
 

@@ -47,9 +47,13 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG_FILE = "dapo_model.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
 MANIFEST_FILE = "dapo_manifest.json"
-_CHECKSUM_MAX_BYTES = 16 << 20  # shards and optimizer states are size-checked only: hashing ~450 GB costs minutes
+_CHECKSUM_MAX_BYTES = (
+    16 << 20
+)  # shards and optimizer states are size-checked only: hashing ~450 GB costs minutes
 _STEP_DIR = re.compile(r"iter_(\d{7,})")
-_TRACKER_TEXT = re.compile(r"(\d+)\n")  # the newline is written with the step: without it the file was cut short
+_TRACKER_TEXT = re.compile(
+    r"(\d+)\n"
+)  # the newline is written with the step: without it the file was cut short
 
 
 def step_dir(root: Path | str, step: int) -> Path:
@@ -82,12 +86,18 @@ def resolve(path: Path | str) -> Path:
         problem = verify(directory)
         if problem is None:
             if skipped:
-                print(f"checkpoint: using {directory}; skipped: " + "; ".join(skipped), file=sys.stderr, flush=True)
+                print(
+                    f"checkpoint: using {directory}; skipped: " + "; ".join(skipped),
+                    file=sys.stderr,
+                    flush=True,
+                )
             return directory
         skipped.append(f"{directory.name} ({problem})")
     if not skipped and not (path / TRACKER_FILE).exists():
-        raise FileNotFoundError(f"{path} is neither a torch_dist checkpoint (no .metadata) nor a checkpoint root "
-                                f"(no {TRACKER_FILE}, no iter_* directories)")
+        raise FileNotFoundError(
+            f"{path} is neither a torch_dist checkpoint (no .metadata) nor a checkpoint root "
+            f"(no {TRACKER_FILE}, no iter_* directories)"
+        )
     raise FileNotFoundError(f"no complete checkpoint under {path}: " + "; ".join(skipped))
 
 
@@ -106,7 +116,9 @@ def _tracked_step(root: Path, skipped: list[str]) -> int | None:
     text = tracker.read_text(errors="replace")
     match = _TRACKER_TEXT.fullmatch(text)
     if match is None:
-        skipped.append(f"{tracker.name} (holds {text[:20]!r}, not a step and a newline: cut short or damaged)")
+        skipped.append(
+            f"{tracker.name} (holds {text[:20]!r}, not a step and a newline: cut short or damaged)"
+        )
         return None
     return int(match.group(1))
 
@@ -144,9 +156,18 @@ def read_model_config(path: Path | str) -> ModelConfig | None:
     return ModelConfig(**json.loads(config_file.read_text()))
 
 
-def save_model(model: torch.nn.Module, root: Path | str, step: int, model_cfg: ModelConfig,
-               layout: ParallelLayout, *, rank_state: dict[str, Any] | None = None,
-               shared_state: dict[str, Any] | None = None, keep_last: int = 0, keep_every: int = 0) -> Path:
+def save_model(
+    model: torch.nn.Module,
+    root: Path | str,
+    step: int,
+    model_cfg: ModelConfig,
+    layout: ParallelLayout,
+    *,
+    rank_state: dict[str, Any] | None = None,
+    shared_state: dict[str, Any] | None = None,
+    keep_last: int = 0,
+    keep_every: int = 0,
+) -> Path:
     """Collective: write checkpoint `step` under `root`: the model's shards (torch_dist), and optionally
     this rank's training state (`rank_state`: optimizer, scheduler, RNG; resumable in the same layout)
     and rank 0's `shared_state` (step, data position, dynamic-sampling backlog). Once it is complete,
@@ -221,14 +242,18 @@ def load_training_state(path: Path | str, layout: ParallelLayout) -> tuple[dict[
     directory = resolve(path)
     rank_file = directory / f"rank_{layout.rank:05d}.pt"
     if not rank_file.exists():
-        raise FileNotFoundError(f"{directory} holds no training state for rank {layout.rank}: it is a model-only "
-                                "checkpoint, or was written by a job with fewer ranks")
+        raise FileNotFoundError(
+            f"{directory} holds no training state for rank {layout.rank}: it is a model-only "
+            "checkpoint, or was written by a job with fewer ranks"
+        )
     rank_state = _load_state(rank_file)
     saved = rank_state.pop("layout")
     if saved != _layout_key(layout):
-        raise ValueError(f"{directory} was written under layout {saved}; this job runs {_layout_key(layout)}. "
-                         "Optimizer state resumes only in the same layout: relaunch with that layout, or start "
-                         "from the model alone with trainer.load=<dir> trainer.resume=never")
+        raise ValueError(
+            f"{directory} was written under layout {saved}; this job runs {_layout_key(layout)}. "
+            "Optimizer state resumes only in the same layout: relaunch with that layout, or start "
+            "from the model alone with trainer.load=<dir> trainer.resume=never"
+        )
     return rank_state, _load_state(directory / TRAINER_STATE_FILE)
 
 

@@ -105,24 +105,28 @@ def validate(job: JobConfig, world_size: int) -> None:
             fitting = [d for d in range(1, tp + 1) if all(v % d == 0 for v in divisible_by_tp.values())]
             raise ConfigError(
                 f"{name}={value} is not divisible by parallel.tensor_model_parallel_size={tp}; "
-                f"the largest tensor-parallel size up to {tp} that fits this model is {fitting[-1]}.")
+                f"the largest tensor-parallel size up to {tp} that fits this model is {fitting[-1]}."
+            )
     if model.num_layers % pp:
         raise ConfigError(
             f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_model_parallel_size={pp}; "
             f"choose a pipeline size that divides {model.num_layers} "
-            f"(for example {_largest_divisor_at_most(model.num_layers, pp)}).")
+            f"(for example {_largest_divisor_at_most(model.num_layers, pp)})."
+        )
     if world_size % (tp * pp):
         raise ConfigError(
             f"the world size {world_size} is not a multiple of tensor x pipeline parallel = {tp} x {pp} = {tp * pp}; "
             f"launch a multiple of {tp * pp} processes or change parallel.tensor_model_parallel_size / "
-            "parallel.pipeline_model_parallel_size.")
+            "parallel.pipeline_model_parallel_size."
+        )
     rollout, trainer = job.rollout, job.trainer
     longest_row = rollout.max_sequence_tokens
     if longest_row > model.max_position_embeddings:
         raise ConfigError(
             f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} exceeds "
             f"model.max_position_embeddings={model.max_position_embeddings}; shorten them or use a model with a "
-            "longer context.")
+            "longer context."
+        )
     _validate_token_budget(job)
     if rollout.num_engines:
         try:  # the device decides the automatic count only
@@ -135,18 +139,24 @@ def validate(job: JobConfig, world_size: int) -> None:
         raise ConfigError(
             f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x rollout.n_samples_per_prompt="
             f"{rollout.n_samples_per_prompt} leaves some of the {dp} data-parallel ranks without a sequence in each "
-            f"of the {optimizer_steps} optimizer steps; raise trainer.ppo_mini_batch_size or use fewer ranks.")
+            f"of the {optimizer_steps} optimizer steps; raise trainer.ppo_mini_batch_size or use fewer ranks."
+        )
     if job.algo.kl_coef != 0:
-        raise ConfigError(f"algo.kl_coef={job.algo.kl_coef}: the trainer keeps no reference policy yet, so a KL penalty "
-                          "cannot be computed; set algo.kl_coef=0 (DAPO uses none).")
+        raise ConfigError(
+            f"algo.kl_coef={job.algo.kl_coef}: the trainer keeps no reference policy yet, so a KL penalty "
+            "cannot be computed; set algo.kl_coef=0 (DAPO uses none)."
+        )
     layers_per_stage = model.num_layers // pp
     if par.recompute_granularity == "full" and (
-            layers_per_stage % par.recompute_num_layers if par.recompute_method == "uniform"
-            else par.recompute_num_layers > layers_per_stage):
+        layers_per_stage % par.recompute_num_layers
+        if par.recompute_method == "uniform"
+        else par.recompute_num_layers > layers_per_stage
+    ):
         rule = "divide" if par.recompute_method == "uniform" else "be at most"
         raise ConfigError(
             f"parallel.recompute_num_layers={par.recompute_num_layers} must {rule} the {layers_per_stage} layers of "
-            f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer).")
+            f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer)."
+        )
     _validate_old_log_prob_source(job)  # first: its fix for quantized rollouts is not the TIS one below
     _validate_low_precision(job)
 
@@ -158,12 +168,17 @@ def _validate_token_budget(job: JobConfig) -> None:
     multiple = job_sequence_multiple(job.parallel, job.model.fp8)
     computed = padded_length(longest_row, multiple)
     if budget and budget < computed:
-        padding = (f", which the model computes as {computed} (every micro-batch is right-padded to a multiple of "
-                   f"{multiple}: {job_padding_reason(job.parallel, job.model.fp8)})" if computed > longest_row else "")
+        padding = (
+            f", which the model computes as {computed} (every micro-batch is right-padded to a multiple of "
+            f"{multiple}: {job_padding_reason(job.parallel, job.model.fp8)})"
+            if computed > longest_row
+            else ""
+        )
         raise ConfigError(
             f"trainer.max_tokens_per_micro_batch={budget} cannot hold the longest possible row, "
             f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens{padding}; raise it to "
-            f"at least {computed} or set it to null (fixed trainer.micro_batch_size).")
+            f"at least {computed} or set it to null (fixed trainer.micro_batch_size)."
+        )
 
 
 def _validate_low_precision(job: JobConfig) -> None:
@@ -171,50 +186,68 @@ def _validate_low_precision(job: JobConfig) -> None:
     this machine can run FP8 is checked when the model is built (`models/fp8.check_environment`)."""
     model, par = job.model, job.parallel
     error = fp8_alignment_error(
-        hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads, num_query_groups=model.num_query_groups,
-        head_dim=model.head_dim, tensor_parallel_size=par.tensor_model_parallel_size, fp8=model.fp8)
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        head_dim=model.head_dim,
+        tensor_parallel_size=par.tensor_model_parallel_size,
+        fp8=model.fp8,
+    )
     if error:
         raise ConfigError(error)
     if model.fp8.enabled and model.fp8.param_gather and not par.use_distributed_optimizer:
-        raise ConfigError("model.fp8.param_gather=true keeps only FP8 weights in the model and needs the "
-                          "distributed optimizer for the fp32 master weights; set parallel.use_distributed_optimizer=true "
-                          "or model.fp8.param_gather=false.")
+        raise ConfigError(
+            "model.fp8.param_gather=true keeps only FP8 weights in the model and needs the "
+            "distributed optimizer for the fp32 master weights; set parallel.use_distributed_optimizer=true "
+            "or model.fp8.param_gather=false."
+        )
     if model.fp8.enabled and model.fp8.param_gather:
         # The weight sync would read FP8 tensors (data plus scales) where it expects the engine's dtype, and no
         # GPU run has checked a dequantising path yet.
-        raise ConfigError("model.fp8.param_gather=true keeps the layer weights as FP8 tensors, and the weight sync "
-                          "would send them to the engine undequantised (its weights are in rollout.dtype); set "
-                          "model.fp8.param_gather=false (FP8 compute with model.fp8.enabled=true still works).")
+        raise ConfigError(
+            "model.fp8.param_gather=true keeps the layer weights as FP8 tensors, and the weight sync "
+            "would send them to the engine undequantised (its weights are in rollout.dtype); set "
+            "model.fp8.param_gather=false (FP8 compute with model.fp8.enabled=true still works)."
+        )
     layers_per_stage = model.num_layers // par.pipeline_model_parallel_size
     if model.fp8.enabled and model.fp8.first_last_layers_bf16:
         for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
             if getattr(model.fp8, name) > layers_per_stage:
-                raise ConfigError(f"model.fp8.{name}={getattr(model.fp8, name)} exceeds the {layers_per_stage} layers "
-                                  "of a pipeline stage; lower it or use fewer pipeline stages.")
+                raise ConfigError(
+                    f"model.fp8.{name}={getattr(model.fp8, name)} exceeds the {layers_per_stage} layers "
+                    "of a pipeline stage; lower it or use fewer pipeline stages."
+                )
     if job.rollout.quantization and job.algo.tis_cap is None:
         raise ConfigError(
             f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, so the "
             "rollout log-probs differ from the trainer's; set algo.tis_cap (truncated importance sampling, "
-            "e.g. algo.tis_cap=2.0) or rollout.quantization=null.")
+            "e.g. algo.tis_cap=2.0) or rollout.quantization=null."
+        )
 
 
 def _validate_old_log_prob_source(job: JobConfig) -> None:
     """π_old taken from the engine is only as good as the engine's agreement with the trainer; batches generated
     ahead (trainer.overlap_rollout) need it."""
     if job.trainer.overlap_rollout and job.algo.old_log_prob_source != "rollout":
-        raise ConfigError("trainer.overlap_rollout=true trains each batch one step after the weights that sampled "
-                          "it, so pi_old must be the sampling policy's log-probs, not a recomputation with the "
-                          "current weights; set algo.old_log_prob_source=rollout or trainer.overlap_rollout=false")
+        raise ConfigError(
+            "trainer.overlap_rollout=true trains each batch one step after the weights that sampled "
+            "it, so pi_old must be the sampling policy's log-probs, not a recomputation with the "
+            "current weights; set algo.old_log_prob_source=rollout or trainer.overlap_rollout=false"
+        )
     if job.algo.old_log_prob_source != "rollout":
         return
     refused = "algo.old_log_prob_source=rollout takes pi_old from the engine, but"
     if job.rollout.quantization:
-        raise ConfigError(f"{refused} rollout.quantization={job.rollout.quantization} samples from a quantized copy "
-                          "of the policy, whose log-probs are not the policy's; set algo.old_log_prob_source=trainer")
+        raise ConfigError(
+            f"{refused} rollout.quantization={job.rollout.quantization} samples from a quantized copy "
+            "of the policy, whose log-probs are not the policy's; set algo.old_log_prob_source=trainer"
+        )
     if job.rollout.sync_check == "off":
-        raise ConfigError(f"{refused} rollout.sync_check=off leaves the gap between engine and trainer log-probs "
-                          "unmeasured; set algo.old_log_prob_source=trainer or rollout.sync_check=first")
+        raise ConfigError(
+            f"{refused} rollout.sync_check=off leaves the gap between engine and trainer log-probs "
+            "unmeasured; set algo.old_log_prob_source=trainer or rollout.sync_check=first"
+        )
 
 
 def load(overrides: Sequence[str] = (), world_size: int = 1) -> JobConfig:
@@ -230,7 +263,9 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     known = {f.name: f.type for f in dataclasses.fields(schema)}
     for key in node:
         if key not in known:
-            raise ConfigError(f"unknown config key {prefix}{key}; valid keys here: {', '.join(sorted(known))}.")
+            raise ConfigError(
+                f"unknown config key {prefix}{key}; valid keys here: {', '.join(sorted(known))}."
+            )
         child = node[key]
         child_schema = OmegaConf.get_type(node, str(key)) if isinstance(child, DictConfig) else None
         if child_schema is not None and dataclasses.is_dataclass(child_schema):

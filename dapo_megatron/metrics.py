@@ -59,7 +59,9 @@ def format_line(prefix: str, fields: Mapping[str, float | int | str]) -> str:
     parts = [prefix]
     for key, value in fields.items():
         if isinstance(value, float):
-            text = f"{value:.3g}" if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4) else f"{value:.3f}"
+            text = (
+                f"{value:.3g}" if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4) else f"{value:.3f}"
+            )
             if math.isnan(value):
                 text = "nan"
         else:

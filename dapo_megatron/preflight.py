@@ -24,8 +24,15 @@ from dapo_megatron.models.config import ModelConfig
 __all__ = ["Problem", "check_job", "find_problems"]
 
 # The config.json fields that fix the weights' shapes, by their ModelConfig names.
-_SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                 "vocab_size", "tie_word_embeddings")
+_SHAPE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,9 @@ def check_job(job: JobConfig) -> None:
 def _readable(field_name: str, path: Path, kind: str) -> Problem | None:
     is_kind = path.is_dir() if kind == "directory" else path.is_file()
     if not path.exists():
-        return Problem(f"{field_name}: {path} does not exist (resolved from {Path.cwd()}); fix the path", missing=True)
+        return Problem(
+            f"{field_name}: {path} does not exist (resolved from {Path.cwd()}); fix the path", missing=True
+        )
     if not is_kind:
         return Problem(f"{field_name}: {path} is not a {kind}", missing=False)
     if not os.access(path, os.R_OK | (os.X_OK if kind == "directory" else 0)):
@@ -93,17 +102,29 @@ def _hf_dir_problems(path: Path, model: ModelConfig) -> list[Problem]:
         return [problem]
     config_file = path / "config.json"
     if not config_file.is_file():
-        return [Problem(f"model.hf_dir: {path} has no config.json; point it at a Hugging Face model directory",
-                        missing=False)]
+        return [
+            Problem(
+                f"model.hf_dir: {path} has no config.json; point it at a Hugging Face model directory",
+                missing=False,
+            )
+        ]
     try:
         saved = ModelConfig.from_hf_config(json.loads(config_file.read_text()))
     except (ValueError, KeyError, TypeError) as error:
         return [Problem(f"model.hf_dir: cannot read {config_file}: {error}", missing=False)]
-    differing = [f"model.{name}={getattr(model, name)} but config.json has {getattr(saved, name)}"
-                 for name in _SHAPE_FIELDS if getattr(model, name) != getattr(saved, name)]
+    differing = [
+        f"model.{name}={getattr(model, name)} but config.json has {getattr(saved, name)}"
+        for name in _SHAPE_FIELDS
+        if getattr(model, name) != getattr(saved, name)
+    ]
     if differing:
-        return [Problem(f"model.hf_dir: {path} does not match the model config: {'; '.join(differing)}. Choose the "
-                        "model=... preset of this checkpoint or fix model.hf_dir", missing=False)]
+        return [
+            Problem(
+                f"model.hf_dir: {path} does not match the model config: {'; '.join(differing)}. Choose the "
+                "model=... preset of this checkpoint or fix model.hf_dir",
+                missing=False,
+            )
+        ]
     return []
 
 
@@ -126,10 +147,20 @@ def _output_problems(job: JobConfig) -> list[Problem]:
     if job.trainer.resume == "auto":
         if (root / checkpoint.TRACKER_FILE).exists():
             return []
-        return [Problem(f"{root} holds checkpoints (steps {steps[0]}..{steps[-1]}) but no "
-                        f"{checkpoint.TRACKER_FILE}, so trainer.resume=auto would start afresh over them. Resume "
-                        f"with trainer.resume={root} (the newest complete one), or start over with "
-                        "trainer.overwrite=true", missing=False)]
-    return [Problem(f"{root} holds another run's checkpoints (steps {steps[0]}..{steps[-1]}) and "
-                    "trainer.resume=never would overwrite them. Use another output_dir, resume with "
-                    "trainer.resume=auto, or replace them with trainer.overwrite=true", missing=False)]
+        return [
+            Problem(
+                f"{root} holds checkpoints (steps {steps[0]}..{steps[-1]}) but no "
+                f"{checkpoint.TRACKER_FILE}, so trainer.resume=auto would start afresh over them. Resume "
+                f"with trainer.resume={root} (the newest complete one), or start over with "
+                "trainer.overwrite=true",
+                missing=False,
+            )
+        ]
+    return [
+        Problem(
+            f"{root} holds another run's checkpoints (steps {steps[0]}..{steps[-1]}) and "
+            "trainer.resume=never would overwrite them. Use another output_dir, resume with "
+            "trainer.resume=auto, or replace them with trainer.overwrite=true",
+            missing=False,
+        )
+    ]

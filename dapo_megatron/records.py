@@ -161,12 +161,17 @@ class PolicyRows:
 
     def subset(self, rows: slice | torch.Tensor, width: int | None = None) -> PolicyRows:
         """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to `width + 1`)."""
-        def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
-            return None if t is None else t[rows, :None if width is None else width + extra]
 
-        return PolicyRows(tokens=cut(self.tokens, 1), response_mask=cut(self.response_mask),
-                          advantages=self.advantages[rows], old_log_prob=cut(self.old_log_prob),
-                          rollout_log_prob=cut(self.rollout_log_prob))
+        def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
+            return None if t is None else t[rows, : None if width is None else width + extra]
+
+        return PolicyRows(
+            tokens=cut(self.tokens, 1),
+            response_mask=cut(self.response_mask),
+            advantages=self.advantages[rows],
+            old_log_prob=cut(self.old_log_prob),
+            rollout_log_prob=cut(self.rollout_log_prob),
+        )
 
     def widths(self) -> torch.Tensor:
         """[n] label positions each row needs: one past its last response token (1 without one)."""
@@ -182,14 +187,21 @@ class PolicyRows:
         micro, start = [], 0
         for size in sizes:
             if size:
-                part = self.subset(slice(start, start + size), int(widths[start:start + size].max()))
+                part = self.subset(slice(start, start + size), int(widths[start : start + size].max()))
             else:
                 part = self.subset(slice(0, 1), 1)
                 part.response_mask = torch.zeros_like(part.response_mask)
             start += size
-            micro.append(PolicyMicroBatch(
-                tokens=part.tokens[:, :-1], labels=part.tokens[:, 1:], loss_mask=part.response_mask,
-                advantages=part.advantages, old_log_prob=part.old_log_prob, rollout_log_prob=part.rollout_log_prob))
+            micro.append(
+                PolicyMicroBatch(
+                    tokens=part.tokens[:, :-1],
+                    labels=part.tokens[:, 1:],
+                    loss_mask=part.response_mask,
+                    advantages=part.advantages,
+                    old_log_prob=part.old_log_prob,
+                    rollout_log_prob=part.rollout_log_prob,
+                )
+            )
         return micro
 
 

@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         return report_config_error(error)
     try:
         # The process groups start inside the set-up: on CPU after the engine launched (`trainer/setup.py`).
-        train(job, env, lambda: initialize(job.parallel, job.seed, timeout=collective_timeout(job, env.world_size)))
+        train(
+            job,
+            env,
+            lambda: initialize(job.parallel, job.seed, timeout=collective_timeout(job, env.world_size)),
+        )
     finally:
         shutdown()
     return 0
@@ -87,43 +91,69 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
     """
     from dapo_megatron.trainer.setup import Session
 
-    with Session(job, env, initialize) as session, MetricsLogger(Path(job.output_dir) / "tensorboard",
-                                                                 enabled=session.layout.is_logging_rank) as metrics:
+    with (
+        Session(job, env, initialize) as session,
+        MetricsLogger(
+            Path(job.output_dir) / "tensorboard", enabled=session.layout.is_logging_rank
+        ) as metrics,
+    ):
         layout, fleet, policy, rollouts = session.layout, session.fleet, session.policy, session.rollouts
         stop = StopRequest()
         step = saved = session.start_step
-        startup = {**session.timings, "startup/first_sync_s": fleet.sync_weights(policy.actor, rollouts.client, step),
-                   "startup/total_s": time.perf_counter() - IMPORTED_AT}
+        startup = {
+            **session.timings,
+            "startup/first_sync_s": fleet.sync_weights(policy.actor, rollouts.client, step),
+            "startup/total_s": time.perf_counter() - IMPORTED_AT,
+        }
         metrics.log(startup, step)
         if layout.is_logging_rank:
-            metrics.print(format_line("start-up", {k.removeprefix("startup/"): v for k, v in startup.items()}))
+            metrics.print(
+                format_line("start-up", {k.removeprefix("startup/"): v for k, v in startup.items()})
+            )
         if job.eval.every and step == 0:
             before = rollouts.evaluate()
             metrics.log(before, step)
             if layout.is_logging_rank:
                 metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
         ahead = job.trainer.overlap_rollout
-        multiple = job_sequence_multiple(job.parallel, job.model.fp8)  # token budgets count the model's padding
+        multiple = job_sequence_multiple(
+            job.parallel, job.model.fp8
+        )  # token budgets count the model's padding
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
-            groups, rollout_metrics = rollouts.collect()                               # driving rank only
-            rows, batch_metrics = rollouts.training_batch(groups, step)                # rewards, advantages
+            groups, rollout_metrics = rollouts.collect()  # driving rank only
+            rows, batch_metrics = rollouts.training_batch(groups, step)  # rewards, advantages
             if ahead and step < job.trainer.total_steps:
-                rollouts.generate_ahead(session.threads)  # the next batch, sampled by the weights before this update
-            fleet.release_memory()                                                     # GPU: engine steps aside
+                rollouts.generate_ahead(
+                    session.threads
+                )  # the next batch, sampled by the weights before this update
+            fleet.release_memory()  # GPU: engine steps aside
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
-            train_metrics = update_policy(policy.actor, share, off_policy=ahead,  # CPU: + the cores the engine frees
-                                          before_each_step=session.threads.take_idle_cores)
-            wait_seconds = rollouts.wait_for_ahead(session.threads)     # the engine takes no weights mid-generation
+            train_metrics = update_policy(
+                policy.actor,
+                share,
+                off_policy=ahead,  # CPU: + the cores the engine frees
+                before_each_step=session.threads.take_idle_cores,
+            )
+            wait_seconds = rollouts.wait_for_ahead(
+                session.threads
+            )  # the engine takes no weights mid-generation
             sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
-            step_metrics = {**rollout_metrics, **batch_metrics, **train_metrics, "timing_s/sync": sync_seconds}
+            step_metrics = {
+                **rollout_metrics,
+                **batch_metrics,
+                **train_metrics,
+                "timing_s/sync": sync_seconds,
+            }
             if ahead:
                 step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:
                 step_metrics.update(rollouts.evaluate())
             step_metrics["timing_s/step"] = time.perf_counter() - started
-            step_metrics["throughput/tokens_per_s"] = batch_metrics["rollout/total_tokens"] / step_metrics["timing_s/step"]
+            step_metrics["throughput/tokens_per_s"] = (
+                batch_metrics["rollout/total_tokens"] / step_metrics["timing_s/step"]
+            )
             metrics.log(step_metrics, step)
             if layout.is_logging_rank:
                 metrics.print(console_line(step, job.trainer.total_steps, step_metrics))
@@ -137,8 +167,13 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
         metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
 
 
-def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False,
-                  before_each_step: Callable[[], None] = lambda: None) -> dict[str, float]:
+def update_policy(
+    actor: Actor,
+    share: RankShare,
+    *,
+    off_policy: bool = False,
+    before_each_step: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
     """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
     the later steps are off-policy, so they need the old log-probs: computed once before the first update,
     or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
@@ -164,18 +199,24 @@ def update_policy(actor: Actor, share: RankShare, *, off_policy: bool = False,
 
 def console_line(step: int, total: int, m: dict[str, float]) -> str:
     fields: dict[str, Any] = {
-        "score": m["rollout/score"], "acc": m["rollout/accuracy"],
-        "keep": m.get("dynamic_sampling/keep_ratio", 1.0), "rounds": int(m.get("dynamic_sampling/gen_rounds", 1)),
-        "resp_len": m["rollout/response_length"], "pg_loss": m["actor/pg_loss"],
-        "clipfrac": m["actor/pg_clipfrac"], "entropy": m.get("actor/entropy", 0.0),
+        "score": m["rollout/score"],
+        "acc": m["rollout/accuracy"],
+        "keep": m.get("dynamic_sampling/keep_ratio", 1.0),
+        "rounds": int(m.get("dynamic_sampling/gen_rounds", 1)),
+        "resp_len": m["rollout/response_length"],
+        "pg_loss": m["actor/pg_loss"],
+        "clipfrac": m["actor/pg_clipfrac"],
+        "entropy": m.get("actor/entropy", 0.0),
         "grad_norm": m["actor/grad_norm"],
     }
     if "eval/accuracy" in m:
         fields["eval_acc"] = m["eval/accuracy"]
     # Generated ahead, `gen` overlapped the previous step's update; `wait` is what the loop still waited for it.
     wait = f" wait {m['timing_s/gen_wait']:.1f}" if "timing_s/gen_wait" in m else ""
-    fields["t"] = f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} " \
-                  f"sync {m['timing_s/sync']:.1f})"
+    fields["t"] = (
+        f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} "
+        f"sync {m['timing_s/sync']:.1f})"
+    )
     return format_line(f"step {step}/{total}", fields)
 
 

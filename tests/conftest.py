@@ -49,7 +49,6 @@ def load_bench_script(stem: str) -> ModuleType:
     return load_script(REPO / "bench" / f"{stem}.py")
 
 
-
 class JsonHandler(BaseHTTPRequestHandler):
     """Base of the tests' stand-in HTTP servers (transport behaviour, recorded requests): JSON replies, no log."""
 
@@ -101,13 +100,23 @@ def tiny_policy(layout: Any, *, vocab_size: int) -> tuple[torch.nn.Module, Any]:
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.trainer.optimizer import wrap_for_training
 
-    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                      vocab_size=vocab_size, max_position_embeddings=256, params_dtype="float32", transformer_impl="local")
+    cfg = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=256,
+        params_dtype="float32",
+        transformer_impl="local",
+    )
     return wrap_for_training(build_gpt_model(cfg, ParallelConfig(), layout), ParallelConfig()), cfg
 
 
-def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300,
-             nodes: int = 1) -> subprocess.CompletedProcess:
+def torchrun(
+    script: Path | str, nproc: int, *args: str, timeout: float = 300, nodes: int = 1
+) -> subprocess.CompletedProcess:
     """Run `script` under torchrun with `nproc` CPU processes per node; fail the test with the job's output.
 
     `nodes` > 1 starts one torchrun per node on this machine (`--nnodes`, `--node-rank`, static rendezvous, as
@@ -116,10 +125,28 @@ def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300,
     port = free_port()
     launchers = []
     for node in range(nodes):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", str(nodes),
-               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script), *args]
-        launchers.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            str(script),
+            *args,
+        ]
+        launchers.append(
+            subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     results = []
     try:
         for launcher in launchers:
@@ -132,22 +159,41 @@ def torchrun(script: Path | str, nproc: int, *args: str, timeout: float = 300,
                 launcher.communicate()
     for node, proc in enumerate(results):
         if proc.returncode != 0:
-            pytest.fail(f"torchrun {script} {' '.join(args)} failed on node {node} (exit {proc.returncode}):\n"
-                        f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+            pytest.fail(
+                f"torchrun {script} {' '.join(args)} failed on node {node} (exit {proc.returncode}):\n"
+                f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            )
     return results[0]
 
 
-def tiny_qwen2(out_dir: Path, *, vocab_size: int, num_layers: int, tied: bool = False, max_positions: int = 128,
-               seed: int = 0, **config: object) -> torch.nn.Module:
+def tiny_qwen2(
+    out_dir: Path,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    tied: bool = False,
+    max_positions: int = 128,
+    seed: int = 0,
+    **config: object,
+) -> torch.nn.Module:
     """A small random transformers Qwen2 (GQA 4/2, QKV bias) saved to `out_dir`. HF initialises biases and
     norms to constants; they are randomised so that a mix-up of them shows in the outputs."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        tie_word_embeddings=tied, **config)).eval()
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=num_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=tied,
+            **config,
+        )
+    ).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -158,8 +204,14 @@ def tiny_qwen2(out_dir: Path, *, vocab_size: int, num_layers: int, tied: bool = 
 
 def assert_import_is_light(module: str, heavy: tuple[str, ...]) -> None:
     """Importing `module` in a fresh interpreter loads none of the `heavy` top-level packages."""
-    code = (f"import sys, {module}\n"
-            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})\n"
-            "print(bad)\nsys.exit(1 if bad else 0)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 0, f"importing {module} loaded {result.stdout.strip()} {result.stderr[-2000:]}"
+    code = (
+        f"import sys, {module}\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})\n"
+        "print(bad)\nsys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0, (
+        f"importing {module} loaded {result.stdout.strip()} {result.stderr[-2000:]}"
+    )

@@ -54,19 +54,30 @@ class ReadProgress:
         self.last = now
         rate = bytes_read / max(now - self.started, 1e-9)
         eta = (self.total_bytes - bytes_read) / rate if rate else float("inf")
-        print(f"read {done}/{total} tensors, {bytes_read / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB, "
-              f"{rate / 2**20:.0f} MiB/s, ETA {eta:.0f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB",
-              file=sys.stderr, flush=True)
+        print(
+            f"read {done}/{total} tensors, {bytes_read / 2**30:.2f}/{self.total_bytes / 2**30:.2f} GiB, "
+            f"{rate / 2**20:.0f} MiB/s, ETA {eta:.0f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hf-dir", required=True, help="Hugging Face model directory (config.json + safetensors)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--hf-dir", required=True, help="Hugging Face model directory (config.json + safetensors)"
+    )
     parser.add_argument("--output", required=True, help="checkpoint root to create (iter_0000000/ inside)")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="TP size you will train with")
     parser.add_argument("--pipeline-parallel", type=int, default=1, help="PP size you will train with")
-    parser.add_argument("--dtype", choices=_DTYPES, default=None,
-                        help="parameter dtype of the Megatron checkpoint (default: the HF checkpoint's)")
+    parser.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default=None,
+        help="parameter dtype of the Megatron checkpoint (default: the HF checkpoint's)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     return parser.parse_args(argv)
 
@@ -79,8 +90,10 @@ def source_dtype(reader: SafetensorsReader, hf_config: dict) -> str:
     declared = hf_config.get("torch_dtype") or hf_config.get("dtype")
     if declared in _DTYPES:
         return declared
-    raise ValueError(f"cannot tell the checkpoint's dtype (tensors: {sorted(stored)}, config.json: "
-                     f"{declared!r}); pass --dtype")
+    raise ValueError(
+        f"cannot tell the checkpoint's dtype (tensors: {sorted(stored)}, config.json: "
+        f"{declared!r}); pass --dtype"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-    model_cfg = ModelConfig.from_hf_config(hf_config, params_dtype=dtype, transformer_impl="local",
-                                           hf_dir=str(args.hf_dir))
+    model_cfg = ModelConfig.from_hf_config(
+        hf_config, params_dtype=dtype, transformer_impl="local", hf_dir=str(args.hf_dir)
+    )
     # This process builds the model unsplit; pad the vocab as the target TP will need it (a no-op for
     # power-of-two TP sizes, see ModelConfig.padded_vocab_size).
-    model_cfg.make_vocab_size_divisible_by = math.lcm(model_cfg.make_vocab_size_divisible_by, args.tensor_parallel)
-    target = ParallelConfig(tensor_model_parallel_size=args.tensor_parallel,
-                            pipeline_model_parallel_size=args.pipeline_parallel)
+    model_cfg.make_vocab_size_divisible_by = math.lcm(
+        model_cfg.make_vocab_size_divisible_by, args.tensor_parallel
+    )
+    target = ParallelConfig(
+        tensor_model_parallel_size=args.tensor_parallel, pipeline_model_parallel_size=args.pipeline_parallel
+    )
     try:
         validate(JobConfig(model=model_cfg, parallel=target), world_size=target.model_parallel_size)
     except ConfigError as error:
@@ -114,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_megatron.models.torch_dist_writer import save_hf_as_torch_dist
 
     layout = initialize(ParallelConfig(), seed=0)
-    print(f"writing {model_cfg.num_parameters() / 1e9:.2f}B parameters in {dtype} to {out_dir}", file=sys.stderr,
-          flush=True)
+    print(
+        f"writing {model_cfg.num_parameters() / 1e9:.2f}B parameters in {dtype} to {out_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
     progress = ReadProgress(total_bytes)
     saved = checkpoint.step_dir(out_dir, 0)
     saved.mkdir()
@@ -124,14 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     (saved / checkpoint.MODEL_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2))
     (out_dir / checkpoint.TRACKER_FILE).write_text("0\n")  # last: marks the checkpoint complete
 
-    print(f"converted {args.hf_dir} -> {saved}\n"
-          f"  model: {model_cfg.num_layers} layers, hidden {model_cfg.hidden_size}, "
-          f"{model_cfg.num_attention_heads} heads / {model_cfg.num_query_groups} KV groups, vocab "
-          f"{model_cfg.vocab_size} (padded {model_cfg.padded_vocab_size(args.tensor_parallel)}), "
-          f"tied embeddings: {model_cfg.tie_word_embeddings}\n"
-          f"  {progress.tensors} Megatron tensors, {model_cfg.num_parameters():,} parameters, {dtype}\n"
-          f"  checked for tp {args.tensor_parallel} x pp {args.pipeline_parallel}; loads under any layout\n"
-          f"  took {time.time() - started:.1f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB")
+    print(
+        f"converted {args.hf_dir} -> {saved}\n"
+        f"  model: {model_cfg.num_layers} layers, hidden {model_cfg.hidden_size}, "
+        f"{model_cfg.num_attention_heads} heads / {model_cfg.num_query_groups} KV groups, vocab "
+        f"{model_cfg.vocab_size} (padded {model_cfg.padded_vocab_size(args.tensor_parallel)}), "
+        f"tied embeddings: {model_cfg.tie_word_embeddings}\n"
+        f"  {progress.tensors} Megatron tensors, {model_cfg.num_parameters():,} parameters, {dtype}\n"
+        f"  checked for tp {args.tensor_parallel} x pp {args.pipeline_parallel}; loads under any layout\n"
+        f"  took {time.time() - started:.1f}s, peak memory {peak_rss_bytes() / 2**30:.2f} GiB"
+    )
     return 0
 
 

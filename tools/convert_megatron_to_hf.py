@@ -36,13 +36,22 @@ _DTYPES = {name: dtype for dtype, name in hf_export.DTYPE_NAMES.items()}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", required=True, help="torch_dist directory or checkpoint root")
     parser.add_argument("--output", required=True, help="Hugging Face directory to create")
-    parser.add_argument("--hf-config-dir", default=None,
-                        help="base model's HF directory (config.json and tokenizer); recommended")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
-                        help="dtype of the exported weights (default: as stored)")
+    parser.add_argument(
+        "--hf-config-dir",
+        default=None,
+        help="base model's HF directory (config.json and tokenizer); recommended",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(_DTYPES),
+        default=None,
+        help="dtype of the exported weights (default: as stored)",
+    )
     parser.add_argument("--max-shard-size-gb", type=float, default=5.0, help="size of each safetensors shard")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output")
     parser.add_argument("--progress-every-s", type=float, default=5.0, help="seconds between progress lines")
@@ -54,8 +63,10 @@ def _model_config(directory: Path, base: dict | None) -> ModelConfig:
         return ModelConfig.from_hf_config(base)
     saved = read_model_config(directory)
     if saved is None:
-        raise SystemExit(f"error: {directory} has no dapo_model.json (not written by this project); pass "
-                         "--hf-config-dir with the base model's config.json")
+        raise SystemExit(
+            f"error: {directory} has no dapo_model.json (not written by this project); pass "
+            "--hf-config-dir with the base model's config.json"
+        )
     return saved
 
 
@@ -80,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     hf_mapping.unstack_torch_dist(reader.meta_tensors(), model_cfg)
     dtype = _export_dtype(reader, args.dtype)
     total_tensors, total_bytes = hf_export.stage_totals(model_cfg, dtype)
-    print(f"converting {directory} -> {out_dir}: {total_tensors} HF tensors, {total_bytes / 2**30:.2f} GiB "
-          f"in {hf_export.dtype_name(dtype)}", file=sys.stderr, flush=True)
+    print(
+        f"converting {directory} -> {out_dir}: {total_tensors} HF tensors, {total_bytes / 2**30:.2f} GiB "
+        f"in {hf_export.dtype_name(dtype)}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     progress = hf_export.Progress(total_tensors, total_bytes, label="convert", every_s=args.progress_every_s)
     with hf_export.staging_dir(out_dir) as staging:
@@ -93,12 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         shards = hf_export.finish_directory(staging, writer.finish(), config, args.hf_config_dir)
         hf_export.publish(staging, out_dir)
 
-    copied = f"config and tokenizer files from {args.hf_config_dir}" if args.hf_config_dir else \
-        "no tokenizer (pass --hf-config-dir to copy one)"
-    print(f"converted {directory} -> {out_dir}\n"
-          f"  {progress.tensors} HF tensors, {model_cfg.num_parameters():,} parameters, "
-          f"dtype {hf_export.dtype_name(dtype)}, {len(shards)} safetensors shard(s); {copied}\n"
-          f"  took {time.time() - started:.1f}s")
+    copied = (
+        f"config and tokenizer files from {args.hf_config_dir}"
+        if args.hf_config_dir
+        else "no tokenizer (pass --hf-config-dir to copy one)"
+    )
+    print(
+        f"converted {directory} -> {out_dir}\n"
+        f"  {progress.tensors} HF tensors, {model_cfg.num_parameters():,} parameters, "
+        f"dtype {hf_export.dtype_name(dtype)}, {len(shards)} safetensors shard(s); {copied}\n"
+        f"  took {time.time() - started:.1f}s"
+    )
     return 0
 
 

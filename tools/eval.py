@@ -44,11 +44,17 @@ T = TypeVar("T")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True, help="HF directory: tokenizer and config (and weights)")
     parser.add_argument("--checkpoint", help="torch_dist checkpoint whose weights to evaluate instead")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="where the engines run (auto: cuda when a GPU is visible)")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the engines run (auto: cuda when a GPU is visible)",
+    )
     parser.add_argument("--output-json", help="also write the metrics here")
     return parser.parse_known_args(argv)
 
@@ -61,7 +67,9 @@ def load_job(model: str, overrides: list[str]) -> JobConfig:
     return job
 
 
-def eval_engines(job: JobConfig, model_dir: Path, log_dir: Path, *, device: str, gpus: int) -> list[SGLangEngine]:
+def eval_engines(
+    job: JobConfig, model_dir: Path, log_dir: Path, *, device: str, gpus: int
+) -> list[SGLangEngine]:
     """The engines to evaluate with, not started: on CUDA the rollout layout on this node's `gpus` GPUs
     (`node_engine_gpus`), on CPU one engine."""
     # The dtype stays rollout.dtype: `auto` is then the evaluated model's own (float32 on CPU), which need not be
@@ -69,9 +77,12 @@ def eval_engines(job: JobConfig, model_dir: Path, log_dir: Path, *, device: str,
     rollout = dataclasses.replace(rollout_config(job), dtype=job.rollout.dtype)
     if device == "cpu":
         return [SGLangEngine(model_dir, rollout, log_file=log_dir / "engine.log")]
-    return [SGLangEngine(model_dir, rollout, log_file=log_dir / f"engine_{index}.log", device="cuda",
-                         base_gpu_id=first_gpu)
-            for index, first_gpu in enumerate(node_engine_gpus(rollout, gpus))]
+    return [
+        SGLangEngine(
+            model_dir, rollout, log_file=log_dir / f"engine_{index}.log", device="cuda", base_gpu_id=first_gpu
+        )
+        for index, first_gpu in enumerate(node_engine_gpus(rollout, gpus))
+    ]
 
 
 def resolve_device(choice: str) -> tuple[str, int]:
@@ -81,7 +92,9 @@ def resolve_device(choice: str) -> tuple[str, int]:
     gpus = torch.cuda.device_count()
     device = ("cuda" if gpus else "cpu") if choice == "auto" else choice
     if device == "cuda" and not gpus:
-        raise SystemExit("--device cuda, but no GPU is visible (CUDA_VISIBLE_DEVICES, driver); use --device cpu")
+        raise SystemExit(
+            "--device cuda, but no GPU is visible (CUDA_VISIBLE_DEVICES, driver); use --device cpu"
+        )
     return device, gpus
 
 
@@ -102,10 +115,22 @@ def main(argv: list[str] | None = None) -> int:
             if device == "cuda":  # a layout that does not fit is refused before an export of minutes (32B)
                 _layout_or_exit(lambda: node_engine_gpus(rollout_config(job), gpus))
             model_dir = Path(scratch) / "hf"
-            subprocess.run([sys.executable, str(Path(__file__).with_name("convert_megatron_to_hf.py")),
-                            "--checkpoint", args.checkpoint, "--output", str(model_dir),
-                            "--hf-config-dir", args.model], check=True)
-        engines = _layout_or_exit(lambda: eval_engines(job, model_dir, Path(scratch), device=device, gpus=gpus))
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("convert_megatron_to_hf.py")),
+                    "--checkpoint",
+                    args.checkpoint,
+                    "--output",
+                    str(model_dir),
+                    "--hf-config-dir",
+                    args.model,
+                ],
+                check=True,
+            )
+        engines = _layout_or_exit(
+            lambda: eval_engines(job, model_dir, Path(scratch), device=device, gpus=gpus)
+        )
         for engine in engines:  # all load their weights at once
             running.callback(engine.shutdown)
             engine.launch()
@@ -114,12 +139,21 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(model_dir)
         _, problems = build_prompt_sources(job, tokenizer)
         rewards = running.enter_context(RewardPool(job.reward))
-        client = running.enter_context(RolloutClient([engine.url for engine in engines], engines[0].cfg,
-                                                     on_error=liveness_check(engines)))
-        metrics = evaluate(client, problems, rewards, job.eval,
-                           decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                           max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
-                           stop_token_ids=[tokenizer.eos_token_id], progress=True)
+        client = running.enter_context(
+            RolloutClient(
+                [engine.url for engine in engines], engines[0].cfg, on_error=liveness_check(engines)
+            )
+        )
+        metrics = evaluate(
+            client,
+            problems,
+            rewards,
+            job.eval,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
+            stop_token_ids=[tokenizer.eos_token_id],
+            progress=True,
+        )
     print(report(metrics, problems=len(problems), job=job, engines=len(engines), device=device))
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(metrics, indent=2))
@@ -129,14 +163,18 @@ def main(argv: list[str] | None = None) -> int:
 def report(metrics: dict[str, float], *, problems: int, job: JobConfig, engines: int, device: str) -> str:
     """The console summary: overall, then one line per data source when there are several."""
     k, cfg = job.eval.samples_per_problem, job.eval
-    lines = [f"{problems} problems x {k} samples (T={cfg.temperature}, top_p={cfg.top_p}) on {engines} {device} "
-             f"engine(s): avg@{k} {metrics['eval/accuracy']:.4f}  pass@{k} {metrics[f'eval/pass@{k}']:.4f}  "
-             f"mean response length {metrics['eval/response_length']:.1f}"]
+    lines = [
+        f"{problems} problems x {k} samples (T={cfg.temperature}, top_p={cfg.top_p}) on {engines} {device} "
+        f"engine(s): avg@{k} {metrics['eval/accuracy']:.4f}  pass@{k} {metrics[f'eval/pass@{k}']:.4f}  "
+        f"mean response length {metrics['eval/response_length']:.1f}"
+    ]
     for name in sorted(metrics):
         prefix, _, field = name.rpartition("/")
         if field == "accuracy" and prefix != "eval":
-            lines.append(f"  {prefix.removeprefix('eval/')}: avg@{k} {metrics[name]:.4f}  "
-                         f"pass@{k} {metrics[f'{prefix}/pass@{k}']:.4f}")
+            lines.append(
+                f"  {prefix.removeprefix('eval/')}: avg@{k} {metrics[name]:.4f}  "
+                f"pass@{k} {metrics[f'{prefix}/pass@{k}']:.4f}"
+            )
     return "\n".join(lines)
 
 

@@ -50,8 +50,14 @@ from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.trainer.actor import PolicyRows
 
 DEFAULT_MODEL = "qwen2.5-0.5b"
-ENGINE_OVERRIDES = ("rollout.max_prompt_length=64", "rollout.max_response_length=16", "eval.num_problems=8",
-                    "eval.samples_per_problem=1", "eval.temperature=0.0", "rollout.sync_check=off")
+ENGINE_OVERRIDES = (
+    "rollout.max_prompt_length=64",
+    "rollout.max_response_length=16",
+    "eval.num_problems=8",
+    "eval.samples_per_problem=1",
+    "eval.temperature=0.0",
+    "rollout.sync_check=off",
+)
 """The engine stage's rollouts: a few short greedy generations, so the stage is about start-up and sync (checked
 once, by the stage itself)."""
 BF16_SYNC_TOLERANCE = 0.05
@@ -82,25 +88,50 @@ class Check:
         return "bf16" if self.on_gpu else "fp32"
 
     def policy_config(self, *, fp8_enabled: bool = False) -> ModelConfig:
-        return dataclasses.replace(self.job.model, params_dtype="bfloat16" if self.on_gpu else "float32",
-                                   fp8=dataclasses.replace(self.job.model.fp8, enabled=fp8_enabled))
+        return dataclasses.replace(
+            self.job.model,
+            params_dtype="bfloat16" if self.on_gpu else "float32",
+            fp8=dataclasses.replace(self.job.model.fp8, enabled=fp8_enabled),
+        )
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per precision (after 1 untimed)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step on each DP rank")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=5, help="timed optimizer steps per precision (after 1 untimed)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="sequences per optimizer step on each DP rank"
+    )
     parser.add_argument("--micro-batch-size", type=int, default=2)
-    parser.add_argument("--seq-length", type=int, default=2048, help="tokens per sequence (half prompt, half response)")
-    parser.add_argument("--logprob-tokens", type=int, default=4096, help="tokens in the log-prob kernel check")
+    parser.add_argument(
+        "--seq-length", type=int, default=2048, help="tokens per sequence (half prompt, half response)"
+    )
+    parser.add_argument(
+        "--logprob-tokens", type=int, default=4096, help="tokens in the log-prob kernel check"
+    )
     parser.add_argument("--skip-engine", action="store_true", help="leave out the SGLang engine stage")
-    parser.add_argument("--workdir", help="where the engine stage writes its HF export (default: the system's "
-                        "temporary directory; on several nodes, a shared filesystem)")
-    parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU when no GPU is visible (fp32)")
+    parser.add_argument(
+        "--workdir",
+        help="where the engine stage writes its HF export (default: the system's "
+        "temporary directory; on several nodes, a shared filesystem)",
+    )
+    parser.add_argument(
+        "--allow-cpu", action="store_true", help="run on the CPU when no GPU is visible (fp32)"
+    )
     args, overrides = parser.parse_known_args(argv)
-    if args.steps < 1 or args.batch_size < 1 or args.seq_length < 4 or args.batch_size % args.micro_batch_size:
-        parser.error("--steps and --batch-size must be >= 1, --seq-length >= 4, and --batch-size a multiple of "
-                     "--micro-batch-size")
+    if (
+        args.steps < 1
+        or args.batch_size < 1
+        or args.seq_length < 4
+        or args.batch_size % args.micro_batch_size
+    ):
+        parser.error(
+            "--steps and --batch-size must be >= 1, --seq-length >= 4, and --batch-size a multiple of "
+            "--micro-batch-size"
+        )
     return args, overrides
 
 
@@ -109,7 +140,7 @@ def random_rows(batch_size: int, seq_length: int, vocab_size: int, seed: int) ->
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (batch_size, seq_length), generator=generator)
     response_mask = torch.zeros(batch_size, seq_length - 1)
-    response_mask[:, seq_length // 2:] = 1.0
+    response_mask[:, seq_length // 2 :] = 1.0
     advantages = torch.randint(0, 2, (batch_size,), generator=generator).float() * 2 - 1
     return PolicyRows(tokens=tokens, response_mask=response_mask, advantages=advantages)
 
@@ -135,29 +166,45 @@ def _reset_peak(check: Check) -> None:
 
 
 def _peak(check: Check) -> str:
-    return f"peak {torch.cuda.max_memory_allocated() / GIB:.1f} GiB" if check.on_gpu else "peak memory: CUDA only"
+    return (
+        f"peak {torch.cuda.max_memory_allocated() / GIB:.1f} GiB"
+        if check.on_gpu
+        else "peak memory: CUDA only"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- stages
+
 
 def stage_environment(check: Check) -> str:
     from dapo_megatron.distributed import cpu_compat
 
     if check.on_gpu and cpu_compat.active():
-        raise RuntimeError("the CPU compatibility layer is active on a CUDA machine: megatron-core would run on "
-                           "redirected devices")
-    versions = {"torch": torch.__version__, "megatron-core": _package_version("megatron-core", "megatron.core"),
-                "transformer-engine": _package_version("transformer-engine", "transformer_engine"),
-                "sglang": _package_version("sglang", "sglang")}
+        raise RuntimeError(
+            "the CPU compatibility layer is active on a CUDA machine: megatron-core would run on "
+            "redirected devices"
+        )
+    versions = {
+        "torch": torch.__version__,
+        "megatron-core": _package_version("megatron-core", "megatron.core"),
+        "transformer-engine": _package_version("transformer-engine", "transformer_engine"),
+        "sglang": _package_version("sglang", "sglang"),
+    }
     parts = [f"{name} {version or 'not installed'}" for name, version in versions.items()]
     if check.on_gpu:
         major, minor = torch.cuda.get_device_capability()
-        parts.insert(1, f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} x {torch.cuda.get_device_name()} "
-                        f"(compute capability {major}.{minor}, "
-                        f"{torch.cuda.get_device_properties(0).total_memory / GIB:.0f} GiB)")
+        parts.insert(
+            1,
+            f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} x {torch.cuda.get_device_name()} "
+            f"(compute capability {major}.{minor}, "
+            f"{torch.cuda.get_device_properties(0).total_memory / GIB:.0f} GiB)",
+        )
     else:
-        parts.insert(1, f"CPU ({torch.get_num_threads()} threads), CPU compatibility layer "
-                        f"{'on' if cpu_compat.active() else 'off'}")
+        parts.insert(
+            1,
+            f"CPU ({torch.get_num_threads()} threads), CPU compatibility layer "
+            f"{'on' if cpu_compat.active() else 'off'}",
+        )
     return "; ".join(parts)
 
 
@@ -170,7 +217,9 @@ def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
     job, layout, args = check.job, check.layout, check.args
     _reset_peak(check)
     model = wrap_for_training(build_gpt_model(model_cfg, job.parallel, layout), job.parallel)
-    optimizer, scheduler = build_optimizer(model, job.optim, job.parallel, model_cfg, job.trainer.optimizer_steps)
+    optimizer, scheduler = build_optimizer(
+        model, job.optim, job.parallel, model_cfg, job.trainer.optimizer_steps
+    )
     actor = Actor(model, optimizer, scheduler, job.algo, layout, vocab_size=model_cfg.vocab_size)
     rows = random_rows(args.batch_size, args.seq_length, model_cfg.vocab_size, seed=job.seed + layout.dp_rank)
     times = []
@@ -185,15 +234,21 @@ def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
     seconds = sorted(times[1:])[len(times[1:]) // 2]
     lengths = [args.seq_length] * args.batch_size * layout.dp_size
     tokens_per_s = sum(lengths) / seconds
-    line = (f"{seconds * 1e3:.1f} ms/step, {tokens_per_s:,.0f} tokens/s ({tokens_per_s / layout.world_size:,.0f} "
-            f"per device), pg_loss {metrics['pg_loss']:.4f}, grad_norm {metrics['grad_norm']:.3f}, {peak}")
+    line = (
+        f"{seconds * 1e3:.1f} ms/step, {tokens_per_s:,.0f} tokens/s ({tokens_per_s / layout.world_size:,.0f} "
+        f"per device), pg_loss {metrics['pg_loss']:.4f}, grad_norm {metrics['grad_norm']:.3f}, {peak}"
+    )
     if not check.on_gpu:
         return line
     peak_tflops = flops.peak_tflops(torch.cuda.get_device_name(), precision)
     if peak_tflops is None:
         return f"{line}; MFU unknown: no {precision} peak for {torch.cuda.get_device_name()} in flops.PEAK_TFLOPS"
-    utilisation = flops.mfu(flops.training_flops(model_cfg, lengths), seconds, num_gpus=layout.world_size,
-                            peak_tflops_per_gpu=peak_tflops)
+    utilisation = flops.mfu(
+        flops.training_flops(model_cfg, lengths),
+        seconds,
+        num_gpus=layout.world_size,
+        peak_tflops_per_gpu=peak_tflops,
+    )
     return f"{line}; MFU {utilisation:.1%} of {peak_tflops:.0f} TFLOP/s"
 
 
@@ -224,25 +279,36 @@ def stage_logprobs(check: Check) -> str:
         peak = torch.cuda.max_memory_allocated() - before if check.on_gpu else None
         results[name] = (log_prob.detach().float(), leaf.grad.float(), seconds, peak)
         del log_prob, entropy, leaf
-    (naive_lp, naive_grad, naive_s, naive_peak), (lp, grad, chunked_s, chunked_peak) = results["naive"], results["chunked"]
+    (naive_lp, naive_grad, naive_s, naive_peak), (lp, grad, chunked_s, chunked_peak) = (
+        results["naive"],
+        results["chunked"],
+    )
     lp_gap, grad_gap = (lp - naive_lp).abs().max().item(), (grad - naive_grad).abs().max().item()
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     if not (lp_gap <= tolerance and grad_gap <= tolerance):
-        raise RuntimeError(f"the chunked kernel differs from the naive computation: log-prob by {lp_gap:.3g}, "
-                           f"gradient by {grad_gap:.3g} (tolerance {tolerance:g})")
-    line = (f"[{check.args.logprob_tokens}, {vocab}] {dtype}: max |diff| log-prob {lp_gap:.2e}, grad {grad_gap:.2e}; "
-            f"fwd+bwd {chunked_s * 1e3:.0f} ms vs naive {naive_s * 1e3:.0f} ms")
+        raise RuntimeError(
+            f"the chunked kernel differs from the naive computation: log-prob by {lp_gap:.3g}, "
+            f"gradient by {grad_gap:.3g} (tolerance {tolerance:g})"
+        )
+    line = (
+        f"[{check.args.logprob_tokens}, {vocab}] {dtype}: max |diff| log-prob {lp_gap:.2e}, grad {grad_gap:.2e}; "
+        f"fwd+bwd {chunked_s * 1e3:.0f} ms vs naive {naive_s * 1e3:.0f} ms"
+    )
     if naive_peak is None:
         return f"{line}; peak memory: CUDA only (bench/bench_logprobs.py measures it on CPU)"
-    return (f"{line}; peak above inputs {chunked_peak / GIB:.2f} GiB vs naive {naive_peak / GIB:.2f} GiB "
-            f"({chunked_peak / naive_peak:.2f}x)")
+    return (
+        f"{line}; peak above inputs {chunked_peak / GIB:.2f} GiB vs naive {naive_peak / GIB:.2f} GiB "
+        f"({chunked_peak / naive_peak:.2f}x)"
+    )
 
 
 def stage_fp8(check: Check) -> str:
     model_cfg = check.policy_config(fp8_enabled=True)
     try:
         job_config.validate(dataclasses.replace(check.job, model=model_cfg), check.layout.world_size)
-        fp8.check_environment(model_cfg.fp8, fp8.detect_environment(), transformer_impl=model_cfg.transformer_impl)
+        fp8.check_environment(
+            model_cfg.fp8, fp8.detect_environment(), transformer_impl=model_cfg.transformer_impl
+        )
     except (job_config.ConfigError, RuntimeError) as error:
         raise Skip(str(error)) from error
     return train_steps(check, model_cfg, "fp8")
@@ -267,12 +333,22 @@ def stage_engine(check: Check) -> str:
     if layout.is_logging_rank:
         char_tokenizer.save(check.workdir / "tokenizer")
     torch.distributed.barrier()
-    export_hf(build_gpt_model(model_cfg, check.job.parallel, layout), model_cfg, layout, hf_dir,
-              tokenizer_dir=check.workdir / "tokenizer")
+    export_hf(
+        build_gpt_model(model_cfg, check.job.parallel, layout),
+        model_cfg,
+        layout,
+        hf_dir,
+        tokenizer_dir=check.workdir / "tokenizer",
+    )
     torch.distributed.barrier()
-    overrides = [*check.args.overrides, *ENGINE_OVERRIDES, f"model.hf_dir={hf_dir}",
-                 f"output_dir={check.workdir / 'engine_run'}", "trainer.resume=never",
-                 f"model.params_dtype={model_cfg.params_dtype}"]
+    overrides = [
+        *check.args.overrides,
+        *ENGINE_OVERRIDES,
+        f"model.hf_dir={hf_dir}",
+        f"output_dir={check.workdir / 'engine_run'}",
+        "trainer.resume=never",
+        f"model.params_dtype={model_cfg.params_dtype}",
+    ]
     if check.on_gpu and not any(o.startswith("rollout.sync_check_tolerance=") for o in overrides):
         overrides.append(f"rollout.sync_check_tolerance={BF16_SYNC_TOLERANCE}")
     job = job_config.load(overrides, world_size=layout.world_size)
@@ -291,15 +367,23 @@ def stage_engine(check: Check) -> str:
         started = time.perf_counter()
         metrics = session.rollouts.evaluate()
         timings["generate"] = time.perf_counter() - started
-    generated = (f", {job.eval.num_problems} greedy generations (mean length {metrics['eval/response_length']:.1f})"
-                 if metrics else "")
-    return (f"started in {timings['start']:.0f} s, weights pushed in {timings['sync']:.1f} s "
-            f"({job.rollout.sync_method}), probe log-probs within {gap:.2e} of the trainer's "
-            f"(tolerance {job.rollout.sync_check_tolerance:g}){generated} in {timings['generate']:.1f} s")
+    generated = (
+        f", {job.eval.num_problems} greedy generations (mean length {metrics['eval/response_length']:.1f})"
+        if metrics
+        else ""
+    )
+    return (
+        f"started in {timings['start']:.0f} s, weights pushed in {timings['sync']:.1f} s "
+        f"({job.rollout.sync_method}), probe log-probs within {gap:.2e} of the trainer's "
+        f"(tolerance {job.rollout.sync_check_tolerance:g}){generated} in {timings['generate']:.1f} s"
+    )
 
 
 STAGES: dict[str, Callable[[Check], str]] = {
-    "environment": stage_environment, "bf16": stage_train, "log-probs": stage_logprobs, "fp8": stage_fp8,
+    "environment": stage_environment,
+    "bf16": stage_train,
+    "log-probs": stage_logprobs,
+    "fp8": stage_fp8,
     "engine": stage_engine,
 }
 
@@ -328,9 +412,12 @@ def run_stages(check: Check, stages: dict[str, Callable[[Check], str]] = STAGES)
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a GPU "
-              "node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, 'Clusters'), or "
-              "pass --allow-cpu to run the stages on the CPU.", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a GPU "
+            "node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, 'Clusters'), or "
+            "pass --allow-cpu to run the stages on the CPU.",
+            file=sys.stderr,
+        )
         return 2
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
@@ -348,9 +435,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.distributed.broadcast_object_list(shared, src=0)
             check = Check(job=job, layout=layout, args=args, workdir=Path(shared[0]))
             if layout.is_logging_rank:
-                print(f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul "
-                      f"parameters), {layout.describe()}; {args.batch_size} x {args.seq_length} tokens per DP rank "
-                      f"and step, micro-batch {args.micro_batch_size}", flush=True)
+                print(
+                    f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul "
+                    f"parameters), {layout.describe()}; {args.batch_size} x {args.seq_length} tokens per DP rank "
+                    f"and step, micro-batch {args.micro_batch_size}",
+                    flush=True,
+                )
             results = run_stages(check)
             torch.distributed.barrier()  # rank 0's directory outlives every rank's use of it
     finally:

@@ -25,7 +25,9 @@ from dapo_megatron.trainer import warmup
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--output", required=True, help="HF directory to create")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
     args, overrides = parser.parse_known_args(argv)
@@ -33,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     # before --force empties the output.
     continued = job_config.to_job_config(job_config.compose(overrides)).model.hf_dir
     if continued and Path(continued).resolve() == Path(args.output).resolve():
-        parser.error(f"--output {args.output} is the base this warm-up continues (model.hf_dir): write the "
-                     "continued base elsewhere, then replace the old one")
+        parser.error(
+            f"--output {args.output} is the base this warm-up continues (model.hf_dir): write the "
+            "continued base elsewhere, then replace the old one"
+        )
     out = prepare_output_dir(args.output, force=args.force)
     work = out.with_name(out.name + ".work")
     shutil.rmtree(work, ignore_errors=True)

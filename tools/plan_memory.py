@@ -20,7 +20,9 @@ from dapo_megatron.planning.report import report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _, overrides = parser.parse_known_args(argv)
     try:
         job = job_config.to_job_config(job_config.compose(overrides))

@@ -83,11 +83,14 @@ def download(remote: RemoteFile) -> Path:
             from huggingface_hub import hf_hub_download
         except ImportError:
             return _download_https(remote)
-        return Path(hf_hub_download(remote.repo_id, remote.filename, repo_type="dataset",
-                                    revision=remote.revision))
+        return Path(
+            hf_hub_download(remote.repo_id, remote.filename, repo_type="dataset", revision=remote.revision)
+        )
     except Exception as error:  # network, auth and hub errors all end the same way: say what failed
-        raise DownloadError(f"could not download {remote.url()}: {error}. Fix: check the network (and HF_TOKEN "
-                            "or HF_ENDPOINT), or download the file yourself and pass --from-local.") from error
+        raise DownloadError(
+            f"could not download {remote.url()}: {error}. Fix: check the network (and HF_TOKEN "
+            "or HF_ENDPOINT), or download the file yourself and pass --from-local."
+        ) from error
 
 
 def _download_https(remote: RemoteFile) -> Path:
@@ -98,8 +101,10 @@ def _download_https(remote: RemoteFile) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
-    with urlopen(remote.url(os.environ.get("HF_ENDPOINT", HF_ENDPOINT)), timeout=60) as response, \
-            partial.open("wb") as handle:
+    with (
+        urlopen(remote.url(os.environ.get("HF_ENDPOINT", HF_ENDPOINT)), timeout=60) as response,
+        partial.open("wb") as handle,
+    ):
         while chunk := response.read(1 << 20):
             handle.write(chunk)
     partial.replace(target)  # only complete files ever carry the final name
@@ -137,21 +142,38 @@ def parse_local_files(pairs: Sequence[str], outputs: Sequence[Output]) -> dict[s
         if not separator or not path:
             raise ValueError(f"--from-local expects NAME=PATH; got {pair!r}")
         if name not in names:
-            raise ValueError(f"--from-local {name}: not an output of the selected data sets; choose from {names}")
+            raise ValueError(
+                f"--from-local {name}: not an output of the selected data sets; choose from {names}"
+            )
         local[name] = Path(path)
     return local
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--output-dir", required=True, type=Path, help="directory for the prepared files")
-    parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS),
-                        help="data sets to prepare (default: all)")
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=sorted(DATASETS),
+        default=sorted(DATASETS),
+        help="data sets to prepare (default: all)",
+    )
     parser.add_argument("--output-format", choices=("jsonl", "parquet"), default="jsonl")
-    parser.add_argument("--no-dedup", action="store_true",
-                        help="keep repeated prompts (e.g. AIME's 32 copies for one sample per row)")
-    parser.add_argument("--from-local", action="append", default=[], metavar="NAME=PATH",
-                        help="convert this local file for output NAME instead of downloading it")
+    parser.add_argument(
+        "--no-dedup",
+        action="store_true",
+        help="keep repeated prompts (e.g. AIME's 32 copies for one sample per row)",
+    )
+    parser.add_argument(
+        "--from-local",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="convert this local file for output NAME instead of downloading it",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     return parser.parse_args(argv)
 

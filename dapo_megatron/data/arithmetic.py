@@ -93,7 +93,11 @@ def _splits(task: str, seed: int) -> dict[str, tuple[Problem, ...]]:
         pairs = _column_pairs(seed)
         make = _column_addition
     held_out = len(pairs) - int(HELD_OUT_FRACTION * len(pairs))
-    chosen = {"warmup": pairs[:int(WARMUP_FRACTION * len(pairs))], "rl": pairs[:held_out], "eval": pairs[held_out:]}
+    chosen = {
+        "warmup": pairs[: int(WARMUP_FRACTION * len(pairs))],
+        "rl": pairs[:held_out],
+        "eval": pairs[held_out:],
+    }
     return {split: tuple(make(a, b) for a, b in chosen[split]) for split in SPLITS}
 
 

@@ -81,6 +81,8 @@ class DataConfig:
         if self.format not in FORMATS:
             raise ValueError(f"data.format must be one of {FORMATS}; got {self.format!r}")
         if self.overlong_prompt not in OVERLONG_MODES:
-            raise ValueError(f"data.overlong_prompt must be one of {OVERLONG_MODES}; got {self.overlong_prompt!r}")
+            raise ValueError(
+                f"data.overlong_prompt must be one of {OVERLONG_MODES}; got {self.overlong_prompt!r}"
+            )
         if self.data_source is not None and not self.data_source.strip():
             raise ValueError("data.data_source must be a non-empty name or null (keep each row's own)")

@@ -131,18 +131,28 @@ class DatasetStats:
 
     def as_metrics(self) -> dict[str, int]:
         """The counters, for TensorBoard or a JSON summary."""
-        names = ("rows_read", "malformed_skipped", "duplicates_removed", "conflicting_duplicates",
-                 "too_long_dropped", "too_long_truncated", "longest_prompt_tokens", "final_size")
+        names = (
+            "rows_read",
+            "malformed_skipped",
+            "duplicates_removed",
+            "conflicting_duplicates",
+            "too_long_dropped",
+            "too_long_truncated",
+            "longest_prompt_tokens",
+            "final_size",
+        )
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:
         """One log line, e.g. ``960 rows read, 930 duplicates removed, ... -> 30 prompts``."""
         parts = [f"{self.rows_read} rows read from {len(self.files)} file(s)"]
-        optional = (("malformed rows skipped", self.malformed_skipped),
-                    ("duplicates removed", self.duplicates_removed),
-                    ("duplicates with a different ground truth", self.conflicting_duplicates),
-                    ("too long and dropped", self.too_long_dropped),
-                    ("too long and left-truncated", self.too_long_truncated))
+        optional = (
+            ("malformed rows skipped", self.malformed_skipped),
+            ("duplicates removed", self.duplicates_removed),
+            ("duplicates with a different ground truth", self.conflicting_duplicates),
+            ("too long and dropped", self.too_long_dropped),
+            ("too long and left-truncated", self.too_long_truncated),
+        )
         parts += [f"{count} {label}" for label, count in optional if count]
         if self.longest_prompt_tokens:
             parts.append(f"longest prompt {self.longest_prompt_tokens} tokens")
@@ -152,6 +162,7 @@ class DatasetStats:
 # ----------------------------------------------------------------------------------------------------
 # Reading rows
 # ----------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _JsonLine:
@@ -183,8 +194,11 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, object]]:
                 yield index, row
                 index += 1
     except (pa.ArrowException, OSError) as error:
-        raise DatasetError(f"{path}: cannot read parquet data after row {index} ({error}). "
-                           "Fix: re-download or re-create the file (tools/prepare_data.py).", path=path) from error
+        raise DatasetError(
+            f"{path}: cannot read parquet data after row {index} ({error}). "
+            "Fix: re-download or re-create the file (tools/prepare_data.py).",
+            path=path,
+        ) from error
 
 
 _READERS: dict[str, tuple[Callable[[Path], Iterator[tuple[int, object]]], str]] = {
@@ -195,13 +209,17 @@ _READERS: dict[str, tuple[Callable[[Path], Iterator[tuple[int, object]]], str]] 
 
 def _check_file(path: Path) -> None:
     if not path.exists():
-        raise DatasetError(f"{path}: no such file (relative paths start at {Path.cwd()}). Fix: correct the "
-                           "path, or download the public data sets with tools/prepare_data.py.", path=path)
+        raise DatasetError(
+            f"{path}: no such file (relative paths start at {Path.cwd()}). Fix: correct the "
+            "path, or download the public data sets with tools/prepare_data.py.",
+            path=path,
+        )
     if not path.is_file():
         raise DatasetError(f"{path}: is not a file; list the data files themselves.", path=path)
     if path.suffix not in _READERS:
-        raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; expected one of "
-                           f"{sorted(_READERS)}.", path=path)
+        raise DatasetError(
+            f"{path}: unsupported file type {path.suffix!r}; expected one of {sorted(_READERS)}.", path=path
+        )
 
 
 def _as_object(payload: object) -> Mapping[str, Any]:
@@ -211,8 +229,10 @@ def _as_object(payload: object) -> Mapping[str, Any]:
         except UnicodeDecodeError as error:
             raise _RowProblem(f"is not UTF-8 text ({error.reason} at byte {error.start})") from None
         except json.JSONDecodeError as error:
-            raise _RowProblem(f"is not valid JSON ({error.msg} at column {error.colno}); each line of a "
-                              ".jsonl file must be one complete JSON object") from None
+            raise _RowProblem(
+                f"is not valid JSON ({error.msg} at column {error.colno}); each line of a "
+                ".jsonl file must be one complete JSON object"
+            ) from None
         except (ValueError, RecursionError) as error:  # a number of over 4300 digits, absurd nesting
             raise _RowProblem(f"cannot be decoded as JSON ({error})") from None
     if not isinstance(payload, Mapping):
@@ -223,6 +243,7 @@ def _as_object(payload: object) -> Mapping[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 # Parsing one row
 # ----------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Parsed:
@@ -250,8 +271,10 @@ def _ground_truth(value: object, name: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str):
-        raise _RowProblem(f"ground truth {name!r} must be a string or an integer, got "
-                          f"{type(value).__name__}; store the exact answer text as a string")
+        raise _RowProblem(
+            f"ground truth {name!r} must be a string or an integer, got "
+            f"{type(value).__name__}; store the exact answer text as a string"
+        )
     if not value.strip():
         raise _RowProblem(f"ground truth {name!r} is empty")
     return value.strip()
@@ -269,8 +292,10 @@ def _user_message(content: str) -> tuple[Mapping[str, str], ...]:
 
 def _chat_messages(value: object) -> tuple[Mapping[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise _RowProblem("field 'prompt' must be a non-empty list of chat messages like "
-                          '[{"role": "user", "content": "..."}]')
+        raise _RowProblem(
+            "field 'prompt' must be a non-empty list of chat messages like "
+            '[{"role": "user", "content": "..."}]'
+        )
     messages = []
     for position, message in enumerate(value):
         if not isinstance(message, Mapping):
@@ -294,8 +319,10 @@ def _parse_verl(row: Mapping[str, Any]) -> _Parsed:
     messages = _chat_messages(row.get("prompt"))
     reward = row.get("reward_model")
     if not isinstance(reward, Mapping) or not _present(reward, "ground_truth"):
-        raise _RowProblem("has no reward_model.ground_truth; verl rows carry the answer as "
-                          '"reward_model": {"ground_truth": "42"}')
+        raise _RowProblem(
+            "has no reward_model.ground_truth; verl rows carry the answer as "
+            '"reward_model": {"ground_truth": "42"}'
+        )
     ground_truth = _ground_truth(reward["ground_truth"], "reward_model.ground_truth")
     return _Parsed(messages, ground_truth, _data_source(row, DEFAULT_DATA_SOURCE))
 
@@ -352,18 +379,27 @@ def detect_format(row: Mapping[str, Any]) -> str:
     if isinstance(row.get("prompt"), list) or _present(row, "reward_model"):
         return "verl"
     answer = row.get("answer")
-    if (_present(row, "question") and isinstance(answer, str) and _GSM8K_MARKER in answer
-            and not _present(row, "prompt") and not _present(row, "ground_truth")):
+    if (
+        _present(row, "question")
+        and isinstance(answer, str)
+        and _GSM8K_MARKER in answer
+        and not _present(row, "prompt")
+        and not _present(row, "ground_truth")
+    ):
         return "gsm8k"
     if any(_present(row, key) for key in ("prompt", "problem", "question")):
         return "flat"
     keys = ", ".join(sorted(map(str, row))[:10]) or "none"
-    raise DatasetError(f"cannot tell the data format from the fields ({keys}); expected a chat 'prompt' "
-                       "list (verl), 'question' + 'answer' with '####' (gsm8k), or 'prompt'/'problem'/"
-                       "'question' + 'answer'/'ground_truth' (flat). Fix: rename the fields or pass format=.")
+    raise DatasetError(
+        f"cannot tell the data format from the fields ({keys}); expected a chat 'prompt' "
+        "list (verl), 'question' + 'answer' with '####' (gsm8k), or 'prompt'/'problem'/"
+        "'question' + 'answer'/'ground_truth' (flat). Fix: rename the fields or pass format=."
+    )
 
 
-def _read_file(path: Path, fmt: str, *, skip_malformed: bool, stats: DatasetStats) -> Iterator[tuple[str, _Parsed]]:
+def _read_file(
+    path: Path, fmt: str, *, skip_malformed: bool, stats: DatasetStats
+) -> Iterator[tuple[str, _Parsed]]:
     """The usable rows of one file as ``(origin, parsed)``; malformed rows raise or are counted."""
     _check_file(path)
     reader, unit = _READERS[path.suffix]
@@ -388,6 +424,7 @@ def _read_file(path: Path, fmt: str, *, skip_malformed: bool, stats: DatasetStat
 # Loading several files with de-duplication
 # ----------------------------------------------------------------------------------------------------
 
+
 def _prompt_key(messages: Iterable[Mapping[str, str]]) -> str:
     normalised = [[m["role"], " ".join(unicodedata.normalize("NFC", m["content"]).split())] for m in messages]
     return hashlib.sha1(json.dumps(normalised, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
@@ -401,9 +438,14 @@ def _as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return [Path(p) for p in paths]
 
 
-def load_examples(paths: str | Path | Sequence[str | Path], *, format: str = "auto",
-                  data_source: str | None = None, dedup: bool = True,
-                  skip_malformed: bool = False) -> tuple[list[PromptExample], DatasetStats]:
+def load_examples(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    format: str = "auto",
+    data_source: str | None = None,
+    dedup: bool = True,
+    skip_malformed: bool = False,
+) -> tuple[list[PromptExample], DatasetStats]:
     """Read prompts from one or more files, in order, de-duplicated across all of them.
 
     Args:
@@ -435,10 +477,16 @@ def load_examples(paths: str | Path | Sequence[str | Path], *, format: str = "au
                 uid = f"{key}-{repeats[key]}"
             else:
                 kept_answer[key] = parsed.ground_truth
-            examples.append(PromptExample(uid=uid, prompt=_last_user_text(parsed.messages),
-                                          ground_truth=parsed.ground_truth,
-                                          data_source=data_source or parsed.data_source,
-                                          messages=parsed.messages, origin=origin))
+            examples.append(
+                PromptExample(
+                    uid=uid,
+                    prompt=_last_user_text(parsed.messages),
+                    ground_truth=parsed.ground_truth,
+                    data_source=data_source or parsed.data_source,
+                    messages=parsed.messages,
+                    origin=origin,
+                )
+            )
     stats.final_size = len(examples)
     return examples, stats
 
@@ -458,6 +506,7 @@ def to_verl_row(example: PromptExample, index: int) -> dict[str, Any]:
 # Tokens
 # ----------------------------------------------------------------------------------------------------
 
+
 class PromptTokenizer(Protocol):
     """What the loader needs from a tokenizer; every Hugging Face tokenizer qualifies.
 
@@ -472,19 +521,24 @@ def _uses_template(tokenizer: PromptTokenizer, use_chat_template: bool) -> bool:
     return use_chat_template and bool(getattr(tokenizer, "chat_template", None))
 
 
-def render_prompt(messages: Sequence[Mapping[str, str]], tokenizer: PromptTokenizer, *,
-                  use_chat_template: bool = True) -> str:
+def render_prompt(
+    messages: Sequence[Mapping[str, str]], tokenizer: PromptTokenizer, *, use_chat_template: bool = True
+) -> str:
     """The prompt text the policy sees: the chat template's rendering, ending with the assistant
     header, or without a template the message contents joined by blank lines (one message: exactly
     its content, which is what the demo's character tokenizer needs)."""
     if _uses_template(tokenizer, use_chat_template):
-        return tokenizer.apply_chat_template([dict(m) for m in messages],  # type: ignore[attr-defined]
-                                             add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            [dict(m) for m in messages],  # type: ignore[attr-defined]
+            add_generation_prompt=True,
+            tokenize=False,
+        )
     return "\n\n".join(m["content"] for m in messages)
 
 
-def encode_prompt(messages: Sequence[Mapping[str, str]], tokenizer: PromptTokenizer, *,
-                  use_chat_template: bool = True) -> list[int]:
+def encode_prompt(
+    messages: Sequence[Mapping[str, str]], tokenizer: PromptTokenizer, *, use_chat_template: bool = True
+) -> list[int]:
     """Token ids of :func:`render_prompt`'s text."""
     text = render_prompt(messages, tokenizer, use_chat_template=use_chat_template)
     # A chat template writes its own special tokens (BOS, role markers), so the tokenizer must not
@@ -492,9 +546,15 @@ def encode_prompt(messages: Sequence[Mapping[str, str]], tokenizer: PromptTokeni
     return list(tokenizer.encode(text, add_special_tokens=not _uses_template(tokenizer, use_chat_template)))
 
 
-def tokenize_examples(examples: Iterable[PromptExample], tokenizer: PromptTokenizer, *, max_prompt_length: int,
-                      overlong_prompt: str = "truncate_left", use_chat_template: bool = True,
-                      stats: DatasetStats | None = None) -> list[PromptExample]:
+def tokenize_examples(
+    examples: Iterable[PromptExample],
+    tokenizer: PromptTokenizer,
+    *,
+    max_prompt_length: int,
+    overlong_prompt: str = "truncate_left",
+    use_chat_template: bool = True,
+    stats: DatasetStats | None = None,
+) -> list[PromptExample]:
     """``examples`` with ``prompt_ids`` set and the length limit applied (``stats`` is updated).
 
     Left truncation keeps the end of the prompt, where the question and the generation header are,
@@ -514,9 +574,11 @@ def tokenize_examples(examples: Iterable[PromptExample], tokenizer: PromptTokeni
         stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(ids))
         if len(ids) > max_prompt_length:
             if overlong_prompt == "error":
-                raise DatasetError(f"{example.origin}: prompt is {len(ids)} tokens, over max_prompt_length="
-                                   f"{max_prompt_length}. Fix: raise rollout.max_prompt_length, or set "
-                                   "data.overlong_prompt to truncate_left or drop.")
+                raise DatasetError(
+                    f"{example.origin}: prompt is {len(ids)} tokens, over max_prompt_length="
+                    f"{max_prompt_length}. Fix: raise rollout.max_prompt_length, or set "
+                    "data.overlong_prompt to truncate_left or drop."
+                )
             if overlong_prompt == "drop":
                 stats.too_long_dropped += 1
                 continue
@@ -531,6 +593,7 @@ def tokenize_examples(examples: Iterable[PromptExample], tokenizer: PromptTokeni
 # The data set the trainer iterates
 # ----------------------------------------------------------------------------------------------------
 
+
 class PromptDataset(Sequence[PromptExample]):
     """Prompts in file order (indexing, ``take``) plus a resumable, per-epoch shuffled batch stream.
 
@@ -539,12 +602,20 @@ class PromptDataset(Sequence[PromptExample]):
     like a drop-last data loader; reshuffling makes a different tail wait each epoch.
     """
 
-    def __init__(self, examples: Sequence[PromptExample], *, shuffle: bool = True, seed: int = 0,
-                 stats: DatasetStats | None = None) -> None:
+    def __init__(
+        self,
+        examples: Sequence[PromptExample],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        stats: DatasetStats | None = None,
+    ) -> None:
         if not examples:
             detail = f" ({stats.summary()})" if stats else ""
-            raise DatasetError(f"the data set is empty after loading{detail}. Fix: check the files, the "
-                               "length limit and data.overlong_prompt.")
+            raise DatasetError(
+                f"the data set is empty after loading{detail}. Fix: check the files, the "
+                "length limit and data.overlong_prompt."
+            )
         self._examples = tuple(examples)
         self.shuffle = shuffle
         self.seed = seed
@@ -602,7 +673,7 @@ class PromptDataset(Sequence[PromptExample]):
             raise ValueError(f"batch_size must be in [1, {len(self)}] (the data set size); got {batch_size}")
         if self.remaining_in_epoch < batch_size:
             self._start_epoch(self._epoch + 1, index=0)
-        chosen = self._order[self._index:self._index + batch_size]
+        chosen = self._order[self._index : self._index + batch_size]
         self._index += batch_size
         return [self._examples[i] for i in chosen]
 
@@ -618,8 +689,14 @@ class PromptDataset(Sequence[PromptExample]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position (plus what must match to resume it), as plain JSON-able values."""
-        return {"epoch": self._epoch, "index": self._index, "seed": self.seed, "shuffle": self.shuffle,
-                "size": len(self), "fingerprint": self.fingerprint()}
+        return {
+            "epoch": self._epoch,
+            "index": self._index,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "size": len(self),
+            "fingerprint": self.fingerprint(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict`.
@@ -634,37 +711,64 @@ class PromptDataset(Sequence[PromptExample]):
         current = self.state_dict()
         for key in ("size", "fingerprint", "seed", "shuffle"):
             if state[key] != current[key]:
-                raise DatasetError(f"cannot resume the data set: the checkpoint has {key}={state[key]!r} but "
-                                   f"this run has {current[key]!r}. Fix: resume with the same data files, "
-                                   "length limit, de-duplication and data.seed/shuffle, or start a new run.")
+                raise DatasetError(
+                    f"cannot resume the data set: the checkpoint has {key}={state[key]!r} but "
+                    f"this run has {current[key]!r}. Fix: resume with the same data files, "
+                    "length limit, de-duplication and data.seed/shuffle, or start a new run."
+                )
         epoch, index = state["epoch"], state["index"]
         if not (isinstance(epoch, int) and epoch >= 0 and isinstance(index, int) and 0 <= index <= len(self)):
             raise DatasetError(f"invalid data set position epoch={epoch!r}, index={index!r}")
         self._start_epoch(epoch, index=index)
 
 
-def build_dataset(paths: str | Path | Sequence[str | Path], tokenizer: PromptTokenizer, *,
-                  max_prompt_length: int, format: str = "auto", data_source: str | None = None,
-                  dedup: bool = True, skip_malformed: bool = False, overlong_prompt: str = "truncate_left",
-                  use_chat_template: bool = True, shuffle: bool = True, seed: int = 0) -> PromptDataset:
+def build_dataset(
+    paths: str | Path | Sequence[str | Path],
+    tokenizer: PromptTokenizer,
+    *,
+    max_prompt_length: int,
+    format: str = "auto",
+    data_source: str | None = None,
+    dedup: bool = True,
+    skip_malformed: bool = False,
+    overlong_prompt: str = "truncate_left",
+    use_chat_template: bool = True,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> PromptDataset:
     """Load, de-duplicate and tokenize ``paths`` into a :class:`PromptDataset` (its ``stats`` say
     what was removed). Arguments as in :func:`load_examples` and :func:`tokenize_examples`."""
-    examples, stats = load_examples(paths, format=format, data_source=data_source, dedup=dedup,
-                                    skip_malformed=skip_malformed)
-    tokenized = tokenize_examples(examples, tokenizer, max_prompt_length=max_prompt_length,
-                                  overlong_prompt=overlong_prompt, use_chat_template=use_chat_template, stats=stats)
+    examples, stats = load_examples(
+        paths, format=format, data_source=data_source, dedup=dedup, skip_malformed=skip_malformed
+    )
+    tokenized = tokenize_examples(
+        examples,
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        overlong_prompt=overlong_prompt,
+        use_chat_template=use_chat_template,
+        stats=stats,
+    )
     return PromptDataset(tokenized, shuffle=shuffle, seed=seed, stats=stats)
 
 
-def dataset_from_config(config: DataConfig, split: str, tokenizer: PromptTokenizer, *,
-                        max_prompt_length: int) -> PromptDataset:
+def dataset_from_config(
+    config: DataConfig, split: str, tokenizer: PromptTokenizer, *, max_prompt_length: int
+) -> PromptDataset:
     """The ``train`` or ``eval`` data set of ``config``; evaluation keeps file order."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval'; got {split!r}")
     train = split == "train"
-    return build_dataset(config.train_files if train else config.eval_files, tokenizer,
-                         max_prompt_length=max_prompt_length, format=config.format,
-                         data_source=config.data_source, dedup=config.dedup_train if train else config.dedup_eval,
-                         skip_malformed=config.skip_malformed, overlong_prompt=config.overlong_prompt,
-                         use_chat_template=config.use_chat_template, shuffle=train and config.shuffle,
-                         seed=config.seed)
+    return build_dataset(
+        config.train_files if train else config.eval_files,
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        format=config.format,
+        data_source=config.data_source,
+        dedup=config.dedup_train if train else config.dedup_eval,
+        skip_malformed=config.skip_malformed,
+        overlong_prompt=config.overlong_prompt,
+        use_chat_template=config.use_chat_template,
+        shuffle=train and config.shuffle,
+        seed=config.seed,
+    )

@@ -35,21 +35,33 @@ class ParallelConfig:
     (`distributed/timeout.collective_timeout`). A hung rank fails the job after it instead of hanging forever."""
 
     def __post_init__(self) -> None:
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "timeout_minutes",
-                     "recompute_num_layers"):
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "timeout_minutes",
+            "recompute_num_layers",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1; got {getattr(self, name)}.")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"parallel.backend must be auto, nccl or gloo; got {self.backend!r}.")
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
-            raise ValueError("parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1; "
-                             "set parallel.sequence_parallel=false.")
+            raise ValueError(
+                "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1; "
+                "set parallel.sequence_parallel=false."
+            )
         if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise ValueError("parallel.overlap_param_gather=true needs parallel.use_distributed_optimizer=true.")
+            raise ValueError(
+                "parallel.overlap_param_gather=true needs parallel.use_distributed_optimizer=true."
+            )
         if self.recompute_granularity not in ("none", "full"):
-            raise ValueError(f"parallel.recompute_granularity must be none or full; got {self.recompute_granularity!r}.")
+            raise ValueError(
+                f"parallel.recompute_granularity must be none or full; got {self.recompute_granularity!r}."
+            )
         if self.recompute_method not in ("uniform", "block"):
-            raise ValueError(f"parallel.recompute_method must be uniform or block; got {self.recompute_method!r}.")
+            raise ValueError(
+                f"parallel.recompute_method must be uniform or block; got {self.recompute_method!r}."
+            )
 
     @property
     def model_parallel_size(self) -> int:
@@ -59,8 +71,11 @@ class ParallelConfig:
         """megatron-core `TransformerConfig` fields for activation recompute (none when it is off)."""
         if self.recompute_granularity == "none":
             return {}
-        return {"recompute_granularity": self.recompute_granularity, "recompute_method": self.recompute_method,
-                "recompute_num_layers": self.recompute_num_layers}
+        return {
+            "recompute_granularity": self.recompute_granularity,
+            "recompute_method": self.recompute_method,
+            "recompute_num_layers": self.recompute_num_layers,
+        }
 
 
 @dataclass
@@ -84,7 +99,9 @@ class ClusterConfig:
         if self.gpu_memory_gib <= 0:
             raise ValueError(f"cluster.gpu_memory_gib must be > 0; got {self.gpu_memory_gib}.")
         if not 0 <= self.reserved_gib < self.gpu_memory_gib:
-            raise ValueError(f"cluster.reserved_gib must be in [0, cluster.gpu_memory_gib); got {self.reserved_gib}.")
+            raise ValueError(
+                f"cluster.reserved_gib must be in [0, cluster.gpu_memory_gib); got {self.reserved_gib}."
+            )
 
     @property
     def world_size(self) -> int:

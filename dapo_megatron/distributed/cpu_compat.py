@@ -64,8 +64,10 @@ _TENSOR_METHOD_SITES = (
     ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.__init__"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.get_parameter_state_dp_zero"),
-    ("megatron.core.models.common.language_module.language_module",
-     "LanguageModule.setup_embeddings_and_output_layer"),
+    (
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule.setup_embeddings_and_output_layer",
+    ),
 )
 
 _applied = False
@@ -139,7 +141,12 @@ class _CpuTensorMethods(torch.overrides.TorchFunctionMode):
         if func is torch.Tensor.cuda:
             return args[0]
         result = func(*args, **kwargs)
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs and not result.startswith("torch.cuda."):
+        if (
+            func is torch.Tensor.type
+            and len(args) == 1
+            and not kwargs
+            and not result.startswith("torch.cuda.")
+        ):
             return result.replace("torch.", "torch.cuda.", 1)
         return result
 

@@ -53,19 +53,33 @@ def process_env(environ: Mapping[str, str] | None = None) -> ProcessEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return ProcessEnv(
-            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env.get("LOCAL_RANK", 0)),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=int(env.get("MASTER_PORT", 29500)),
-            launcher="torchrun", node=int(env.get("GROUP_RANK", 0)))
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+            node=int(env.get("GROUP_RANK", 0)),
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job_id = int(env.get("SLURM_JOB_ID", "0"))
         return ProcessEnv(
-            rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
             local_rank=int(env.get("SLURM_LOCALID", 0)),
             master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
             master_port=int(env.get("MASTER_PORT") or rendezvous_port(job_id)),
-            launcher="slurm", node=int(env.get("SLURM_NODEID", 0)))
-    return ProcessEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
-                      master_port=int(env.get("MASTER_PORT", 0)) or _free_port(), launcher="single")
+            launcher="slurm",
+            node=int(env.get("SLURM_NODEID", 0)),
+        )
+    return ProcessEnv(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        master_addr="127.0.0.1",
+        master_port=int(env.get("MASTER_PORT", 0)) or _free_port(),
+        launcher="single",
+    )
 
 
 def rendezvous_port(job_id: int) -> int:

@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 
 # megatron-core repeats these on every rank at import time. Without Transformer Engine and apex (CPU,
 # laptops) the torch fallbacks are what we want, and the CUDA-graph note concerns a default we don't use.
-for _message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                 "full scope is deprecated"):
+for _message in (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+):
     warnings.filterwarnings("ignore", message=_message, category=UserWarning)
 
 
@@ -86,23 +89,36 @@ class ParallelLayout:
         return parallel_state.get_data_parallel_group()
 
     def describe(self) -> str:
-        return (f"world {self.world_size} = dp {self.dp_size} x tp {self.tp_size} x pp {self.pp_size} "
-                f"({self.backend} on {self.device.type})")
+        return (
+            f"world {self.world_size} = dp {self.dp_size} x tp {self.tp_size} x pp {self.pp_size} "
+            f"({self.backend} on {self.device.type})"
+        )
 
     @classmethod
     def from_parallel_state(cls, env: ProcessEnv, device: torch.device, backend: str) -> ParallelLayout:
         from megatron.core import parallel_state as ps
 
         return cls(
-            world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, node=env.node,
+            world_size=env.world_size,
+            rank=env.rank,
+            local_rank=env.local_rank,
+            node=env.node,
             master_addr=env.master_addr,
-            tp_size=ps.get_tensor_model_parallel_world_size(), pp_size=ps.get_pipeline_model_parallel_world_size(),
-            dp_size=ps.get_data_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel_rank(),
-            pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
-            pp_last_rank=ps.get_pipeline_model_parallel_last_rank(), device=device, backend=backend)
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+            pp_size=ps.get_pipeline_model_parallel_world_size(),
+            dp_size=ps.get_data_parallel_world_size(),
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(),
+            dp_rank=ps.get_data_parallel_rank(),
+            pp_last_rank=ps.get_pipeline_model_parallel_last_rank(),
+            device=device,
+            backend=backend,
+        )
 
 
-def initialize(parallel: ParallelConfig, seed: int, timeout: datetime.timedelta | None = None) -> ParallelLayout:
+def initialize(
+    parallel: ParallelConfig, seed: int, timeout: datetime.timedelta | None = None
+) -> ParallelLayout:
     """Start torch.distributed and megatron-core's model-parallel groups for this process.
 
     Call once per process, after `dapo_megatron.config.validate` accepted the layout for this world size.
@@ -118,7 +134,9 @@ def initialize(parallel: ParallelConfig, seed: int, timeout: datetime.timedelta 
     use_cuda = torch.cuda.is_available()
     # With CUDA, `auto` pairs NCCL (CUDA tensors) with gloo (CPU tensors): the driver all-reduces small
     # host-side values (stop flags, loss reports) that NCCL alone would reject.
-    backend = parallel.backend if parallel.backend != "auto" else ("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
+    backend = (
+        parallel.backend if parallel.backend != "auto" else ("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
+    )
     if use_cuda:
         torch.cuda.set_device(env.local_rank)
         device = torch.device("cuda", env.local_rank)
@@ -133,12 +151,16 @@ def initialize(parallel: ParallelConfig, seed: int, timeout: datetime.timedelta 
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
         torch.distributed.init_process_group(
-            backend=backend, rank=env.rank, world_size=env.world_size,
-            timeout=timeout or datetime.timedelta(minutes=parallel.timeout_minutes))
+            backend=backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout or datetime.timedelta(minutes=parallel.timeout_minutes),
+        )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tensor_model_parallel_size,
-            pipeline_model_parallel_size=parallel.pipeline_model_parallel_size)
+            pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        )
     # Same seed on every rank; megatron derives distinct per-TP-rank streams for dropout and init.
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -19,8 +19,13 @@ from dapo_megatron.config import JobConfig
 from dapo_megatron.rollout.placement import engine_placement
 
 
-def generation_bound_s(prompts: int, samples_per_prompt: int, engines: int, max_concurrent_requests: int,
-                       request_timeout_s: float) -> float:
+def generation_bound_s(
+    prompts: int,
+    samples_per_prompt: int,
+    engines: int,
+    max_concurrent_requests: int,
+    request_timeout_s: float,
+) -> float:
     """The longest `RolloutClient.stream_groups` of `prompts` groups can take: it keeps
     `max(1, max_concurrent_requests // samples_per_prompt)` groups in flight per engine, and each group's
     request fails after `request_timeout_s`, so at most ceil(prompts / in flight) request lifetimes."""
@@ -36,9 +41,18 @@ def collective_timeout(job: JobConfig, world_size: int, device: str | None = Non
     rollout, trainer = job.rollout, job.trainer
     engines = engine_placement(world_size, rollout, device).num_engines
     wait_s = trainer.max_gen_rounds * generation_bound_s(
-        trainer.gen_batch_size, rollout.n_samples_per_prompt, engines, rollout.max_concurrent_requests,
-        rollout.request_timeout_s)
+        trainer.gen_batch_size,
+        rollout.n_samples_per_prompt,
+        engines,
+        rollout.max_concurrent_requests,
+        rollout.request_timeout_s,
+    )
     if job.eval.every:
-        wait_s += generation_bound_s(job.eval.num_problems, job.eval.samples_per_problem, engines,
-                                     rollout.max_concurrent_requests, rollout.request_timeout_s)
+        wait_s += generation_bound_s(
+            job.eval.num_problems,
+            job.eval.samples_per_problem,
+            engines,
+            rollout.max_concurrent_requests,
+            rollout.request_timeout_s,
+        )
     return datetime.timedelta(minutes=job.parallel.timeout_minutes, seconds=wait_s)

@@ -51,8 +51,16 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.fp8, dict):  # read back from a checkpoint's JSON (checkpoint.read_model_config)
             self.fp8 = Fp8Config(**self.fp8)
-        positive = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                    "vocab_size", "make_vocab_size_divisible_by", "max_position_embeddings")
+        positive = (
+            "num_layers",
+            "hidden_size",
+            "ffn_hidden_size",
+            "num_attention_heads",
+            "num_query_groups",
+            "vocab_size",
+            "make_vocab_size_divisible_by",
+            "max_position_embeddings",
+        )
         for field_name in positive:
             value = getattr(self, field_name)
             if not isinstance(value, int) or value <= 0:
@@ -60,23 +68,33 @@ class ModelConfig:
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(
                 f"model.num_attention_heads ({self.num_attention_heads}) must be divisible by "
-                f"model.num_query_groups ({self.num_query_groups}) for grouped-query attention.")
+                f"model.num_query_groups ({self.num_query_groups}) for grouped-query attention."
+            )
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model.hidden_size ({self.hidden_size}) is not divisible by model.num_attention_heads "
-                f"({self.num_attention_heads}); set model.kv_channels explicitly.")
+                f"({self.num_attention_heads}); set model.kv_channels explicitly."
+            )
         if self.params_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.params_dtype must be float32, bfloat16 or float16; got {self.params_dtype!r}.")
+            raise ValueError(
+                f"model.params_dtype must be float32, bfloat16 or float16; got {self.params_dtype!r}."
+            )
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
-            raise ValueError("model.transformer_impl must be auto, local or transformer_engine; "
-                             f"got {self.transformer_impl!r}.")
+            raise ValueError(
+                "model.transformer_impl must be auto, local or transformer_engine; "
+                f"got {self.transformer_impl!r}."
+            )
         if self.fp8.enabled and self.transformer_impl == "local":
-            raise ValueError("model.fp8.enabled=true needs Transformer Engine layers; set model.transformer_impl=auto "
-                             "(or transformer_engine) or model.fp8.enabled=false.")
+            raise ValueError(
+                "model.fp8.enabled=true needs Transformer Engine layers; set model.transformer_impl=auto "
+                "(or transformer_engine) or model.fp8.enabled=false."
+            )
 
     @property
     def head_dim(self) -> int:
-        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+        return (
+            self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+        )
 
     def padded_vocab_size(self, tensor_parallel_size: int) -> int:
         """Rows of Megatron's embedding and output layer: the vocab rounded up to a multiple of
@@ -102,8 +120,10 @@ class ModelConfig:
     def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         """Build from a Hugging Face Qwen2 `config.json` dict."""
         if hf.get("model_type") not in (None, "qwen2"):
-            raise ValueError(f"only Qwen2-family models are supported; config.json has "
-                             f"model_type={hf.get('model_type')!r}.")
+            raise ValueError(
+                f"only Qwen2-family models are supported; config.json has "
+                f"model_type={hf.get('model_type')!r}."
+            )
         fields: dict[str, Any] = dict(
             num_layers=hf["num_hidden_layers"],
             hidden_size=hf["hidden_size"],
@@ -114,7 +134,9 @@ class ModelConfig:
             vocab_size=hf["vocab_size"],
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
             # transformers 5 writes rope_parameters.rope_theta; older configs a top-level rope_theta.
-            rotary_base=float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rotary_base=float(
+                hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+            ),
             norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )

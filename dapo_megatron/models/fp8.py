@@ -60,21 +60,33 @@ class Fp8Config:
 
     def __post_init__(self) -> None:
         if self.format not in FP8_FORMATS:
-            raise ValueError(f"model.fp8.format must be one of {', '.join(FP8_FORMATS)}; got {self.format!r}.")
+            raise ValueError(
+                f"model.fp8.format must be one of {', '.join(FP8_FORMATS)}; got {self.format!r}."
+            )
         if self.recipe not in FP8_RECIPES:
-            raise ValueError(f"model.fp8.recipe must be one of {', '.join(FP8_RECIPES)}; got {self.recipe!r}.")
+            raise ValueError(
+                f"model.fp8.recipe must be one of {', '.join(FP8_RECIPES)}; got {self.recipe!r}."
+            )
         if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"model.fp8.amax_compute_algo must be max or most_recent; got {self.amax_compute_algo!r}.")
+            raise ValueError(
+                f"model.fp8.amax_compute_algo must be max or most_recent; got {self.amax_compute_algo!r}."
+            )
         if self.amax_history_len < 1 or self.margin < 0:
-            raise ValueError("model.fp8.amax_history_len must be >= 1 and model.fp8.margin >= 0; got "
-                             f"{self.amax_history_len}, {self.margin}.")
+            raise ValueError(
+                "model.fp8.amax_history_len must be >= 1 and model.fp8.margin >= 0; got "
+                f"{self.amax_history_len}, {self.margin}."
+            )
         if self.num_layers_at_start_in_bf16 < 0 or self.num_layers_at_end_in_bf16 < 0:
-            raise ValueError("model.fp8.num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 must be >= 0.")
+            raise ValueError(
+                "model.fp8.num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 must be >= 0."
+            )
         if self.first_last_layers_bf16 and self.recipe == "delayed":
             # megatron-core enters the FP8 context once around all layers for delayed scaling (per-layer
             # contexts would break its amax reduction), so it cannot leave some layers out.
-            raise ValueError("model.fp8.first_last_layers_bf16=true does not work with model.fp8.recipe=delayed; "
-                             "use recipe=tensorwise or blockwise, or first_last_layers_bf16=false.")
+            raise ValueError(
+                "model.fp8.first_last_layers_bf16=true does not work with model.fp8.recipe=delayed; "
+                "use recipe=tensorwise or blockwise, or first_last_layers_bf16=false."
+            )
 
     @property
     def gemm_alignment(self) -> int:
@@ -100,8 +112,16 @@ def transformer_config_kwargs(fp8: Fp8Config) -> dict[str, Any]:
     }
 
 
-def alignment_error(*, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int, num_query_groups: int,
-                    head_dim: int, tensor_parallel_size: int, fp8: Fp8Config) -> str | None:
+def alignment_error(
+    *,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    head_dim: int,
+    tensor_parallel_size: int,
+    fp8: Fp8Config,
+) -> str | None:
     """Why these shapes cannot run FP8 GEMMs at this TP size, or None when they can.
 
     Each linear layer's input and output widths on one TP rank must be multiples of the GEMM alignment.
@@ -114,8 +134,10 @@ def alignment_error(*, hidden_size: int, ffn_hidden_size: int, num_attention_hea
         query, key_value = num_attention_heads * head_dim, num_query_groups * head_dim
         widths = {
             "model.hidden_size": hidden_size,
-            "the QKV projection width per TP rank ((heads + 2 x query groups) x head_dim / TP)":
-                (query + 2 * key_value) // tp,
+            "the QKV projection width per TP rank ((heads + 2 x query groups) x head_dim / TP)": (
+                query + 2 * key_value
+            )
+            // tp,
             "the attention output width per TP rank (heads x head_dim / TP)": query // tp,
             "model.ffn_hidden_size / TP": ffn_hidden_size // tp,
         }
@@ -127,9 +149,11 @@ def alignment_error(*, hidden_size: int, ffn_hidden_size: int, num_attention_hea
         return None
     fitting = [size for size in range(1, tp) if tp % size == 0 and misaligned(size) is None]
     fix = f"Use parallel.tensor_model_parallel_size={fitting[-1]}" if fitting else "Use another model"
-    return (f"model.fp8.enabled=true needs every FP8 GEMM width to be a multiple of {fp8.gemm_alignment} "
-            f"(model.fp8.recipe={fp8.recipe}); {problem[0]} = {problem[1]} at "
-            f"parallel.tensor_model_parallel_size={tp}. {fix} or set model.fp8.enabled=false.")
+    return (
+        f"model.fp8.enabled=true needs every FP8 GEMM width to be a multiple of {fp8.gemm_alignment} "
+        f"(model.fp8.recipe={fp8.recipe}); {problem[0]} = {problem[1]} at "
+        f"parallel.tensor_model_parallel_size={tp}. {fix} or set model.fp8.enabled=false."
+    )
 
 
 @dataclass(frozen=True)
@@ -156,8 +180,12 @@ def detect_environment() -> Fp8Environment:
             te_version = _major_minor(transformer_engine.__version__)
     if not torch.cuda.is_available():
         return Fp8Environment(te_version=te_version, cuda_available=False)
-    return Fp8Environment(te_version=te_version, cuda_available=True, device_name=torch.cuda.get_device_name(),
-                          compute_capability=torch.cuda.get_device_capability())
+    return Fp8Environment(
+        te_version=te_version,
+        cuda_available=True,
+        device_name=torch.cuda.get_device_name(),
+        compute_capability=torch.cuda.get_device_capability(),
+    )
 
 
 def check_environment(fp8: Fp8Config, env: Fp8Environment, *, transformer_impl: str) -> None:
@@ -166,18 +194,26 @@ def check_environment(fp8: Fp8Config, env: Fp8Environment, *, transformer_impl: 
         return
     off = "or set model.fp8.enabled=false"
     if transformer_impl == "local":
-        raise RuntimeError("model.fp8.enabled=true needs Transformer Engine layers, but model.transformer_impl=local; "
-                           f"set model.transformer_impl=auto (or transformer_engine) {off}.")
+        raise RuntimeError(
+            "model.fp8.enabled=true needs Transformer Engine layers, but model.transformer_impl=local; "
+            f"set model.transformer_impl=auto (or transformer_engine) {off}."
+        )
     if not env.cuda_available:
-        raise RuntimeError(f"model.fp8.enabled=true needs a CUDA GPU (Hopper or newer); this machine has none. "
-                           f"Run on a GPU node {off}.")
+        raise RuntimeError(
+            f"model.fp8.enabled=true needs a CUDA GPU (Hopper or newer); this machine has none. "
+            f"Run on a GPU node {off}."
+        )
     if env.te_version is None:
-        raise RuntimeError("model.fp8.enabled=true needs Transformer Engine, which is not installed. Run inside "
-                           f"NVIDIA's PyTorch container (README, 'Clusters') {off}.")
+        raise RuntimeError(
+            "model.fp8.enabled=true needs Transformer Engine, which is not installed. Run inside "
+            f"NVIDIA's PyTorch container (README, 'Clusters') {off}."
+        )
     needed_te = MIN_TE_VERSION[fp8.recipe]
     if env.te_version < needed_te:
-        raise RuntimeError(f"model.fp8.recipe={fp8.recipe} needs Transformer Engine >= {_dotted(needed_te)}; "
-                           f"this one is {_dotted(env.te_version)}. Use a newer container or model.fp8.recipe=delayed, {off}.")
+        raise RuntimeError(
+            f"model.fp8.recipe={fp8.recipe} needs Transformer Engine >= {_dotted(needed_te)}; "
+            f"this one is {_dotted(env.te_version)}. Use a newer container or model.fp8.recipe=delayed, {off}."
+        )
     needed_cc = MIN_COMPUTE_CAPABILITY[fp8.recipe]
     if env.compute_capability is None or env.compute_capability < needed_cc:
         generation = "Blackwell" if needed_cc >= (10, 0) else "Hopper"
@@ -185,7 +221,8 @@ def check_environment(fp8: Fp8Config, env: Fp8Environment, *, transformer_impl: 
         raise RuntimeError(
             f"model.fp8.recipe={fp8.recipe} needs a {generation} or newer GPU (compute capability >= "
             f"{_dotted(needed_cc)}); {env.device_name} has {_dotted(env.compute_capability)}. "
-            f"Use {alternative}a newer GPU {off}.")
+            f"Use {alternative}a newer GPU {off}."
+        )
 
 
 def _major_minor(version: str) -> tuple[int, int]:

@@ -40,8 +40,16 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 # The config.json fields that fix the tensors' shapes: always those of the weights being written.
-_SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                 "num_key_value_heads", "vocab_size", "tie_word_embeddings", "head_dim")
+_SHAPE_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "tie_word_embeddings",
+    "head_dim",
+)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -131,8 +139,11 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     offset = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to an 8-byte boundary
@@ -158,8 +169,10 @@ def write_index(out_dir: Path, parts: list[ShardFile]) -> list[Path]:
         part.path.rename(final)
         weight_map.update(dict.fromkeys(part.names, final.name))
         paths.append(final)
-    write_json(out_dir / hf_io.INDEX_FILE, {"metadata": {"total_size": sum(p.nbytes for p in parts)},
-                                           "weight_map": weight_map})
+    write_json(
+        out_dir / hf_io.INDEX_FILE,
+        {"metadata": {"total_size": sum(p.nbytes for p in parts)}, "weight_map": weight_map},
+    )
     return paths
 
 
@@ -170,8 +183,9 @@ def write_json(path: Path, content: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def finish_directory(out_dir: Path, parts: list[ShardFile], config: dict[str, Any],
-                     assets_dir: Path | str | None) -> list[Path]:
+def finish_directory(
+    out_dir: Path, parts: list[ShardFile], config: dict[str, Any], assets_dir: Path | str | None
+) -> list[Path]:
     """Index, tokenizer and other non-weight files of `assets_dir`, then config.json (ours wins over a copied
     one). Returns the shard paths."""
     paths = write_index(out_dir, parts)
@@ -298,13 +312,22 @@ class Progress:
         rate = self.nbytes / elapsed
         eta = (self.total_bytes - self.nbytes) / rate if rate > 0 else float("inf")
         unit, scale = ("GiB", 2**30) if self.total_bytes >= 2**30 else ("MiB", 2**20)
-        print(f"{self.label}: {self.tensors}/{self.total_tensors} tensors, {self.nbytes / scale:.2f}/"
-              f"{self.total_bytes / scale:.2f} {unit}, {rate / 2**20:.0f} MiB/s, {elapsed:.0f}s elapsed, "
-              f"ETA {eta:.0f}s", file=self.stream, flush=True)
+        print(
+            f"{self.label}: {self.tensors}/{self.total_tensors} tensors, {self.nbytes / scale:.2f}/"
+            f"{self.total_bytes / scale:.2f} {unit}, {rate / 2**20:.0f} MiB/s, {elapsed:.0f}s elapsed, "
+            f"ETA {eta:.0f}s",
+            file=self.stream,
+            flush=True,
+        )
 
 
-def publish_stages(staging: Path, out_dir: Path | str, reports: list[tuple[list[ShardFile], str | None]],
-                   config: dict[str, Any], assets_dir: Path | str | None) -> list[str]:
+def publish_stages(
+    staging: Path,
+    out_dir: Path | str,
+    reports: list[tuple[list[ShardFile], str | None]],
+    config: dict[str, Any],
+    assets_dir: Path | str | None,
+) -> list[str]:
     """Rank 0 of a collective export: every rank's (shards written, error) -> the finished directory at
     `out_dir`, or the staging directory removed if any rank failed. Returns the errors (empty on success)."""
     errors = [error for _, error in reports if error is not None]

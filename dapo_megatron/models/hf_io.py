@@ -30,8 +30,10 @@ def checkpoint_files(hf_dir: Path | str) -> list[Path]:
         return [hf_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     if (hf_dir / SINGLE_FILE).exists():
         return [hf_dir / SINGLE_FILE]
-    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}; only safetensors checkpoints "
-                            "are supported (convert .bin files with transformers' save_pretrained first)")
+    raise FileNotFoundError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}; only safetensors checkpoints "
+        "are supported (convert .bin files with transformers' save_pretrained first)"
+    )
 
 
 def load_hf_state(hf_dir: Path | str) -> dict[str, torch.Tensor]:

@@ -64,9 +64,11 @@ _OUTPUT_LAYER = "output_layer.weight"
 _LAYER_RULES: dict[str, _Rule] = {
     "input_layernorm.weight": _Rule(("input_layernorm.weight",), _Fusion.NONE, None),
     "self_attention.linear_qkv.weight": _Rule(
-        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), _Fusion.QKV, 0),
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), _Fusion.QKV, 0
+    ),
     _QKV_BIAS: _Rule(
-        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), _Fusion.QKV, 0),
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), _Fusion.QKV, 0
+    ),
     "self_attention.linear_proj.weight": _Rule(("self_attn.o_proj.weight",), _Fusion.NONE, 1),
     "pre_mlp_layernorm.weight": _Rule(("post_attention_layernorm.weight",), _Fusion.NONE, None),
     _FC1: _Rule(("mlp.gate_proj.weight", "mlp.up_proj.weight"), _Fusion.GATE_UP, 0),
@@ -91,8 +93,10 @@ _LAYER_INDEX = re.compile(r"(?<![^.])decoder\.layers\.(\d+)\.")  # at the start 
 _STACKED_LAYER_NAME = re.compile(r"decoder\.layers\.(\D.*)")  # torch_dist: no index, layers on axis 0
 _TORCH_DIST_MODEL_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 _HF_HINT = "check that the ModelConfig matches the checkpoint's config.json (ModelConfig.from_hf_config)"
-_MEGATRON_HINT = ("pass every parameter of the full model: TP-gathered tensors from all pipeline stages, "
-                  "with global layer indices (local_to_global_name)")
+_MEGATRON_HINT = (
+    "pass every parameter of the full model: TP-gathered tensors from all pipeline stages, "
+    "with global layer indices (local_to_global_name)"
+)
 
 
 # ---------------------------------------------------------------- names and shapes
@@ -142,8 +146,9 @@ def megatron_param_shapes(cfg: ModelConfig, tensor_parallel_size: int = 1) -> di
 
 
 def _megatron_shapes(cfg: ModelConfig, padded_vocab: int) -> dict[str, tuple[int, ...]]:
-    return {name: _megatron_shape(*_resolve(name, cfg), cfg, padded_vocab)
-            for name in megatron_param_names(cfg)}
+    return {
+        name: _megatron_shape(*_resolve(name, cfg), cfg, padded_vocab) for name in megatron_param_names(cfg)
+    }
 
 
 def _layer_keys(cfg: ModelConfig) -> list[str]:
@@ -154,20 +159,29 @@ def _hf_shape(hf_name: str, cfg: ModelConfig) -> tuple[int, ...]:
     h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_query_groups * cfg.head_dim
     by_suffix = {
-        "model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h),
-        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+        "model.embed_tokens.weight": (v, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (v, h),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
         "self_attn.v_proj.weight": (kv, h),
-        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.bias": (kv,),
         "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
+        "mlp.gate_proj.weight": (f, h),
+        "mlp.up_proj.weight": (f, h),
+        "mlp.down_proj.weight": (h, f),
     }
     # "model.layers.{i}.<suffix>".split(".", 3)[3] is the per-layer suffix.
     return by_suffix[hf_name.split(".", 3)[3] if hf_name.startswith("model.layers.") else hf_name]
 
 
-def _megatron_shape(rule: _Rule, hf_names: tuple[str, ...], cfg: ModelConfig,
-                    padded_vocab: int) -> tuple[int, ...]:
+def _megatron_shape(
+    rule: _Rule, hf_names: tuple[str, ...], cfg: ModelConfig, padded_vocab: int
+) -> tuple[int, ...]:
     parts = [_hf_shape(hf, cfg) for hf in hf_names]
     if rule.fusion is _Fusion.VOCAB:
         return (padded_vocab, *parts[0][1:])
@@ -187,8 +201,10 @@ def _rule(canonical: str) -> tuple[_Rule, int | None]:
     rule = _MODEL_RULES.get(canonical) if match is None else _LAYER_RULES.get(match[2])
     if rule is None:
         layer_keys = ", ".join(_LAYER_RULES)
-        raise ValueError(f"{canonical!r} is not a Qwen2 GPTModel parameter that this mapping knows "
-                         f"(known: {sorted(_MODEL_RULES)} and decoder.layers.{{i}}.{{{layer_keys}}}).")
+        raise ValueError(
+            f"{canonical!r} is not a Qwen2 GPTModel parameter that this mapping knows "
+            f"(known: {sorted(_MODEL_RULES)} and decoder.layers.{{i}}.{{{layer_keys}}})."
+        )
     return rule, None if match is None else int(match[1])
 
 
@@ -196,11 +212,14 @@ def _resolve(canonical: str, cfg: ModelConfig) -> tuple[_Rule, tuple[str, ...]]:
     """The rule of a canonical Megatron name and its full HF names, checked against the config."""
     rule, layer = _rule(canonical)
     if layer is not None and layer >= cfg.num_layers:
-        raise ValueError(f"{canonical!r}: layer {layer} does not exist in a {cfg.num_layers}-layer model; "
-                         "names must carry global layer indices (local_to_global_name).")
+        raise ValueError(
+            f"{canonical!r}: layer {layer} does not exist in a {cfg.num_layers}-layer model; "
+            "names must carry global layer indices (local_to_global_name)."
+        )
     if canonical.endswith(_QKV_BIAS) and not cfg.add_qkv_bias:
-        raise ValueError(f"{canonical!r} exists but model.add_qkv_bias is False; "
-                         "set it to True (Qwen2 has QKV bias).")
+        raise ValueError(
+            f"{canonical!r} exists but model.add_qkv_bias is False; set it to True (Qwen2 has QKV bias)."
+        )
     prefix = "" if layer is None else f"model.layers.{layer}."
     return rule, tuple(prefix + hf for hf in rule.hf)
 
@@ -225,8 +244,10 @@ def megatron_to_hf(name: str, tensor: Tensor, cfg: ModelConfig) -> list[tuple[st
     rule, hf_names = _resolve(canonical, cfg)
     expected = _megatron_shape(rule, hf_names, cfg, _vocab_rows(tensor, cfg))
     if tuple(tensor.shape) != expected:
-        raise ValueError(f"Megatron tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}; "
-                         "pass the full (TP-gathered) tensor of a model built with this ModelConfig.")
+        raise ValueError(
+            f"Megatron tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}; "
+            "pass the full (TP-gathered) tensor of a model built with this ModelConfig."
+        )
     return list(zip(hf_names, _split(rule.fusion, tensor, cfg), strict=True))
 
 
@@ -255,8 +276,9 @@ def _merge(fusion: _Fusion, parts: list[Tensor], rows: int, groups: int) -> Tens
     return torch.cat([part.unflatten(0, (groups, -1)) for part in parts], dim=1).flatten(0, 1)
 
 
-def hf_to_megatron(hf_state: Mapping[str, Tensor], cfg: ModelConfig, *,
-                   tensor_parallel_size: int = 1) -> dict[str, Tensor]:
+def hf_to_megatron(
+    hf_state: Mapping[str, Tensor], cfg: ModelConfig, *, tensor_parallel_size: int = 1
+) -> dict[str, Tensor]:
     """A full HF Qwen2 state dict -> full (TP-unsharded) Megatron tensors under canonical names.
 
     The embedding and output layer get zero rows up to `cfg.padded_vocab_size(tensor_parallel_size)` (the
@@ -269,16 +291,19 @@ def hf_to_megatron(hf_state: Mapping[str, Tensor], cfg: ModelConfig, *,
     if cfg.tie_word_embeddings and "lm_head.weight" in hf_state:
         lm_head, embed = hf_state.pop("lm_head.weight"), hf_state.get("model.embed_tokens.weight")
         if embed is not None and lm_head is not embed and not torch.equal(lm_head, embed):
-            raise ValueError("lm_head.weight differs from model.embed_tokens.weight but "
-                             "model.tie_word_embeddings is True; set it to False to keep a separate "
-                             "output layer.")
+            raise ValueError(
+                "lm_head.weight differs from model.embed_tokens.weight but "
+                "model.tie_word_embeddings is True; set it to False to keep a separate "
+                "output layer."
+            )
     check_hf_shapes({name: tuple(tensor.shape) for name, tensor in hf_state.items()}, cfg)
     padded_vocab = cfg.padded_vocab_size(tensor_parallel_size)
     megatron = {}
     for name in megatron_param_names(cfg):
         rule, hf_names = _resolve(name, cfg)
-        megatron[name] = _merge(rule.fusion, [hf_state[hf] for hf in hf_names], padded_vocab,
-                                cfg.num_query_groups)
+        megatron[name] = _merge(
+            rule.fusion, [hf_state[hf] for hf in hf_names], padded_vocab, cfg.num_query_groups
+        )
     return megatron
 
 
@@ -288,8 +313,11 @@ def megatron_state_to_hf(state: Mapping[str, Tensor], cfg: ModelConfig) -> dict[
     Views where `megatron_to_hf` gives views. Raises ValueError listing missing and unexpected parameters and
     shape mismatches.
     """
-    return {hf: tensor for name, full in _checked_megatron_state(state, cfg).items()
-            for hf, tensor in megatron_to_hf(name, full, cfg)}
+    return {
+        hf: tensor
+        for name, full in _checked_megatron_state(state, cfg).items()
+        for hf, tensor in megatron_to_hf(name, full, cfg)
+    }
 
 
 def _checked_megatron_state(state: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
@@ -300,8 +328,12 @@ def _checked_megatron_state(state: Mapping[str, Tensor], cfg: ModelConfig) -> di
         if key is not None and not (key == _OUTPUT_LAYER and cfg.tie_word_embeddings):
             canonical[key] = tensor
     expected = _megatron_shapes(cfg, _vocab_rows(canonical.get(_EMBEDDING), cfg))
-    _check_state({name: tuple(tensor.shape) for name, tensor in canonical.items()}, expected, "Megatron",
-                 _MEGATRON_HINT)
+    _check_state(
+        {name: tuple(tensor.shape) for name, tensor in canonical.items()},
+        expected,
+        "Megatron",
+        _MEGATRON_HINT,
+    )
     return canonical
 
 
@@ -313,18 +345,24 @@ def check_hf_shapes(shapes: Mapping[str, tuple[int, ...]], cfg: ModelConfig) -> 
     _check_state(shapes, hf_param_shapes(cfg), "Hugging Face", _HF_HINT)
 
 
-def _check_state(shapes: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], kind: str,
-                 hint: str) -> None:
+def _check_state(
+    shapes: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], kind: str, hint: str
+) -> None:
     """Raise one ValueError naming every missing, unexpected and wrongly shaped tensor."""
     missing = [name for name in expected if name not in shapes]
     unexpected = sorted(set(shapes) - set(expected))
-    wrong = [f"{name}: expected {expected[name]}, got {shapes[name]}"
-             for name in expected if name in shapes and tuple(shapes[name]) != expected[name]]
+    wrong = [
+        f"{name}: expected {expected[name]}, got {shapes[name]}"
+        for name in expected
+        if name in shapes and tuple(shapes[name]) != expected[name]
+    ]
     if not (missing or unexpected or wrong):
         return
-    problems = [f"{label} ({len(items)}):\n  " + "\n  ".join(items)
-                for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
-                if items]
+    problems = [
+        f"{label} ({len(items)}):\n  " + "\n  ".join(items)
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+        if items
+    ]
     raise ValueError(f"{kind} state dict does not match the model config; {hint}.\n" + "\n".join(problems))
 
 
@@ -346,16 +384,22 @@ def validate_tensor_parallel(cfg: ModelConfig, tensor_parallel_size: int) -> Non
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1; got {tensor_parallel_size}.")
     # Each rank holds whole query groups (linear_qkv is split by rows), whole heads and an equal slice of F.
-    sizes = {"num_query_groups": cfg.num_query_groups, "num_attention_heads": cfg.num_attention_heads,
-             "ffn_hidden_size": cfg.ffn_hidden_size}
+    sizes = {
+        "num_query_groups": cfg.num_query_groups,
+        "num_attention_heads": cfg.num_attention_heads,
+        "ffn_hidden_size": cfg.ffn_hidden_size,
+    }
     bad = [f"model.{field} ({value})" for field, value in sizes.items() if value % tensor_parallel_size]
     if bad:
-        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} does not divide {', '.join(bad)}; "
-                         "use a tensor-parallel size that divides all of them.")
+        raise ValueError(
+            f"tensor_parallel_size {tensor_parallel_size} does not divide {', '.join(bad)}; "
+            "use a tensor-parallel size that divides all of them."
+        )
 
 
-def shard_for_tensor_parallel(name: str, full: Tensor, cfg: ModelConfig, tp_size: int,
-                              tp_rank: int) -> Tensor:
+def shard_for_tensor_parallel(
+    name: str, full: Tensor, cfg: ModelConfig, tp_size: int, tp_rank: int
+) -> Tensor:
     """The slice of one full Megatron parameter held by TP rank `tp_rank` of `tp_size`, in megatron-core's
     layout.
 
@@ -372,9 +416,11 @@ def shard_for_tensor_parallel(name: str, full: Tensor, cfg: ModelConfig, tp_size
     except ValueError as error:
         raise ValueError(f"cannot shard {name!r}: {error}") from None
     if full.shape[dim] % tp_size:
-        raise ValueError(f"cannot shard {name!r} of shape {tuple(full.shape)} over {tp_size} ranks on "
-                         f"dim {dim}; pad the vocab with cfg.padded_vocab_size(tp_size) "
-                         "(hf_to_megatron does).")
+        raise ValueError(
+            f"cannot shard {name!r} of shape {tuple(full.shape)} over {tp_size} ranks on "
+            f"dim {dim}; pad the vocab with cfg.padded_vocab_size(tp_size) "
+            "(hf_to_megatron does)."
+        )
     if name.endswith(_FC1):
         # Megatron chunks gate and up separately so that each rank can apply SwiGLU to its own slice.
         return torch.cat([half.chunk(tp_size)[tp_rank] for half in full.chunk(2)])
@@ -432,7 +478,10 @@ def hf_slices_for_shard(name: str, cfg: ModelConfig, tp_size: int, tp_rank: int)
     if rule.fusion is _Fusion.QKV:
         groups, hpg = cfg.num_query_groups // tp_size, cfg.num_attention_heads // cfg.num_query_groups
         rows = [hpg * cfg.head_dim * groups, cfg.head_dim * groups, cfg.head_dim * groups]
-        return [HFSlice(hf, 0, tp_rank * size, (tp_rank + 1) * size) for hf, size in zip(hf_names, rows, strict=True)]
+        return [
+            HFSlice(hf, 0, tp_rank * size, (tp_rank + 1) * size)
+            for hf, size in zip(hf_names, rows, strict=True)
+        ]
     size = _hf_shape(hf_names[0], cfg)[rule.tp_dim] // tp_size
     return [HFSlice(hf, rule.tp_dim, tp_rank * size, (tp_rank + 1) * size) for hf in hf_names]
 
@@ -441,8 +490,9 @@ def shard_from_hf_slices(name: str, parts: Sequence[Tensor], cfg: ModelConfig, t
     """TP shard of the canonical Megatron parameter `name` from the HF slices `hf_slices_for_shard` named,
     read in its order. Equal to `shard_for_tensor_parallel` of the full `hf_to_megatron` tensor."""
     rule, _ = _rule(name)
-    return _merge(rule.fusion, list(parts), cfg.padded_vocab_size(tp_size) // tp_size,
-                  cfg.num_query_groups // tp_size)
+    return _merge(
+        rule.fusion, list(parts), cfg.padded_vocab_size(tp_size) // tp_size, cfg.num_query_groups // tp_size
+    )
 
 
 # ---------------------------------------------------------------- pipeline parallelism
@@ -454,8 +504,10 @@ def layer_range(cfg: ModelConfig, pp_size: int, pp_rank: int) -> range:
     if not 0 <= pp_rank < pp_size:
         raise ValueError(f"pp_rank must be in [0, {pp_size}); got {pp_rank}.")
     if cfg.num_layers % pp_size:
-        raise ValueError(f"model.num_layers ({cfg.num_layers}) is not divisible by the pipeline-parallel "
-                         f"size ({pp_size}); choose a size that divides it.")
+        raise ValueError(
+            f"model.num_layers ({cfg.num_layers}) is not divisible by the pipeline-parallel "
+            f"size ({pp_size}); choose a size that divides it."
+        )
     per_stage = cfg.num_layers // pp_size
     return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
 
@@ -501,8 +553,9 @@ def unstack_torch_dist(flat: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str
             state[key] = value
             continue
         if value.shape[0] != cfg.num_layers:
-            raise ValueError(f"torch_dist tensor {key!r} stacks {value.shape[0]} layers; the config has "
-                             f"{cfg.num_layers}.")
+            raise ValueError(
+                f"torch_dist tensor {key!r} stacks {value.shape[0]} layers; the config has {cfg.num_layers}."
+            )
         state.update({f"decoder.layers.{i}.{stacked[1]}": layer for i, layer in enumerate(value.unbind(0))})
     return _checked_megatron_state(state, cfg)
 

@@ -19,12 +19,21 @@ class RMSNorm(torch.nn.RMSNorm):
     """`torch.nn.RMSNorm` with megatron-core's norm constructor, its weight marked for the TP gradient
     all-reduce under sequence parallelism."""
 
-    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
-                 zero_centered_gamma: bool = False, normalization: str = "RMSNorm") -> None:
+    def __init__(
+        self,
+        config: Any,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False,
+        normalization: str = "RMSNorm",
+    ) -> None:
         if config.normalization != "RMSNorm" or config.layernorm_zero_centered_gamma:
-            raise ValueError(f"dapo_megatron.models.norm.RMSNorm implements plain RMSNorm; the TransformerConfig asks "
-                             f"for normalization={config.normalization!r}, zero-centered gamma "
-                             f"{config.layernorm_zero_centered_gamma}.")
+            raise ValueError(
+                f"dapo_megatron.models.norm.RMSNorm implements plain RMSNorm; the TransformerConfig asks "
+                f"for normalization={config.normalization!r}, zero-centered gamma "
+                f"{config.layernorm_zero_centered_gamma}."
+            )
         # No params_dtype, as in WrappedTorchNorm: planning/memory.py counts local norms in fp32.
         super().__init__(hidden_size, eps=eps)
         # Read by finalize_model_grads (only when config.sequence_parallel is set).

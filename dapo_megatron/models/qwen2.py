@@ -35,24 +35,31 @@ def resolve_transformer_impl(model: ModelConfig, fp8_env: fp8.Fp8Environment | N
     `fp8_env` (this machine when None).
     """
     if model.fp8.enabled:
-        fp8.check_environment(model.fp8, fp8_env or fp8.detect_environment(), transformer_impl=model.transformer_impl)
+        fp8.check_environment(
+            model.fp8, fp8_env or fp8.detect_environment(), transformer_impl=model.transformer_impl
+        )
         return "transformer_engine"
     te_installed = importlib.util.find_spec("transformer_engine") is not None
     if model.transformer_impl == "auto":
         return "transformer_engine" if te_installed and torch.cuda.is_available() else "local"
     if model.transformer_impl == "transformer_engine":
         if not torch.cuda.is_available():
-            raise RuntimeError("model.transformer_impl=transformer_engine needs a CUDA GPU; this machine has none. "
-                               "Use model.transformer_impl=local (or auto) on CPU.")
+            raise RuntimeError(
+                "model.transformer_impl=transformer_engine needs a CUDA GPU; this machine has none. "
+                "Use model.transformer_impl=local (or auto) on CPU."
+            )
         if not te_installed:
-            raise RuntimeError("model.transformer_impl=transformer_engine but Transformer Engine is not installed. "
-                               "Run inside NVIDIA's PyTorch container (see README, 'Clusters'), or set "
-                               "model.transformer_impl=local.")
+            raise RuntimeError(
+                "model.transformer_impl=transformer_engine but Transformer Engine is not installed. "
+                "Run inside NVIDIA's PyTorch container (see README, 'Clusters'), or set "
+                "model.transformer_impl=local."
+            )
     return model.transformer_impl
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig,
-                       fp8_env: fp8.Fp8Environment | None = None) -> TransformerConfig:
+def transformer_config(
+    model: ModelConfig, parallel: ParallelConfig, fp8_env: fp8.Fp8Environment | None = None
+) -> TransformerConfig:
     """megatron-core's TransformerConfig for a Qwen2 model under the given parallel layout (`fp8_env`: see
     `resolve_transformer_impl`)."""
     from megatron.core.transformer import TransformerConfig
@@ -117,9 +124,13 @@ def local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     from dapo_megatron.models.norm import RMSNorm
 
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
-    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
-    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+    layer = dataclasses.replace(
+        layer,
+        submodules=dataclasses.replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm),
+    )
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm
+    )
 
 
 def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, layout: ParallelLayout) -> GPTModel:

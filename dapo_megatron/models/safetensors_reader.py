@@ -23,9 +23,17 @@ import torch
 from dapo_megatron.models.hf_io import checkpoint_files
 
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 _MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
@@ -57,8 +65,9 @@ class SafetensorsReader:
     def __enter__(self) -> SafetensorsReader:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -69,13 +78,17 @@ class SafetensorsReader:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
 
-    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def read(
+        self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
         """Tensor `name`, or its indices [start, stop) along `dim` (the whole tensor when `dim` is None), in
         the checkpoint's dtype."""
         info = self.tensors.get(name)
         if info is None:
-            raise KeyError(f"{name!r} is not in the checkpoint (it has {len(self.tensors)} tensors); check that "
-                           "the model config matches the checkpoint's config.json")
+            raise KeyError(
+                f"{name!r} is not in the checkpoint (it has {len(self.tensors)} tensors); check that "
+                "the model config matches the checkpoint's config.json"
+            )
         shape = info.shape
         if dim is None:
             dim, start, stop = 0, 0, shape[0] if shape else 1
@@ -83,15 +96,15 @@ class SafetensorsReader:
         stop = shape[dim] if stop is None else stop
         if not (0 <= dim < len(shape) and 0 <= start <= stop <= shape[dim]):
             raise ValueError(f"cannot read [{start}:{stop}] along dim {dim} of {name!r}, shape {info.shape}")
-        out = torch.empty((*shape[:dim], stop - start, *shape[dim + 1:]), dtype=info.dtype)
+        out = torch.empty((*shape[:dim], stop - start, *shape[dim + 1 :]), dtype=info.dtype)
         element = out.element_size()
-        inner = math.prod(shape[dim + 1:]) * element  # bytes of one index along `dim`
+        inner = math.prod(shape[dim + 1 :]) * element  # bytes of one index along `dim`
         chunk = (stop - start) * inner  # bytes contiguous in the file per outer index
         buffer = memoryview(out.view(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
         fd = self._fd(info.file)
         for outer in range(math.prod(shape[:dim])):
             position = info.offset + outer * shape[dim] * inner + start * inner
-            self._pread_into(fd, buffer[outer * chunk:(outer + 1) * chunk], position)
+            self._pread_into(fd, buffer[outer * chunk : (outer + 1) * chunk], position)
         return out.reshape(info.shape) if dim == 0 and start == 0 and stop == shape[0] else out
 
     def _fd(self, file: Path) -> int:
@@ -104,7 +117,9 @@ class SafetensorsReader:
         while done < len(buffer):  # the kernel caps one read at ~2 GiB
             count = os.preadv(fd, [buffer[done:]], position + done)
             if count == 0:
-                raise OSError(f"unexpected end of file at byte {position + done}: the checkpoint is truncated")
+                raise OSError(
+                    f"unexpected end of file at byte {position + done}: the checkpoint is truncated"
+                )
             done += count
         self.bytes_read += done
 
@@ -122,8 +137,11 @@ class SafetensorsReader:
         tensors = {}
         for name, entry in header.items():
             if entry["dtype"] not in _DTYPES:
-                raise ValueError(f"{file}: tensor {name!r} has dtype {entry['dtype']}, which this reader does "
-                                 f"not know (known: {', '.join(_DTYPES)})")
-            tensors[name] = TensorInfo(file, _DTYPES[entry["dtype"]], tuple(entry["shape"]),
-                                       8 + length + entry["data_offsets"][0])
+                raise ValueError(
+                    f"{file}: tensor {name!r} has dtype {entry['dtype']}, which this reader does "
+                    f"not know (known: {', '.join(_DTYPES)})"
+                )
+            tensors[name] = TensorInfo(
+                file, _DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + length + entry["data_offsets"][0]
+            )
         return tensors

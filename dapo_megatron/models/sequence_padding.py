@@ -27,14 +27,22 @@ if TYPE_CHECKING:
     from dapo_megatron.distributed.config import ParallelConfig
 
 
-def sequence_multiple(*, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
-                      context_parallel_size: int = 1, fp8_alignment: int = 1) -> int:
+def sequence_multiple(
+    *,
+    tensor_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    context_parallel_size: int = 1,
+    fp8_alignment: int = 1,
+) -> int:
     """Pad every micro-batch's sequence length to a multiple of this (1 = no padding).
 
     `fp8_alignment`: the FP8 GEMM alignment when FP8 is on, 1 when it is off.
     """
-    for name, value in (("tensor_parallel_size", tensor_parallel_size),
-                        ("context_parallel_size", context_parallel_size), ("fp8_alignment", fp8_alignment)):
+    for name, value in (
+        ("tensor_parallel_size", tensor_parallel_size),
+        ("context_parallel_size", context_parallel_size),
+        ("fp8_alignment", fp8_alignment),
+    ):
         if value < 1:
             raise ValueError(f"sequence_multiple: {name} must be >= 1; got {value}.")
     # Sequence length that each rank's slice is a 1/split of: every split must be whole.
@@ -46,9 +54,12 @@ def sequence_multiple(*, tensor_parallel_size: int = 1, sequence_parallel: bool 
 def model_sequence_multiple(config: Any) -> int:
     """`sequence_multiple` for a megatron-core TransformerConfig (the model the forward pass runs)."""
     fp8_alignment = Fp8Config(recipe=config.fp8_recipe or "delayed").gemm_alignment if config.fp8 else 1
-    return sequence_multiple(tensor_parallel_size=config.tensor_model_parallel_size,
-                             sequence_parallel=config.sequence_parallel,
-                             context_parallel_size=config.context_parallel_size, fp8_alignment=fp8_alignment)
+    return sequence_multiple(
+        tensor_parallel_size=config.tensor_model_parallel_size,
+        sequence_parallel=config.sequence_parallel,
+        context_parallel_size=config.context_parallel_size,
+        fp8_alignment=fp8_alignment,
+    )
 
 
 def job_sequence_multiple(parallel: ParallelConfig, fp8: Fp8Config) -> int:
@@ -56,17 +67,21 @@ def job_sequence_multiple(parallel: ParallelConfig, fp8: Fp8Config) -> int:
     multiple `model_sequence_multiple` reads off the model built from them. The trainer plans token-budget
     micro-batches (`trainer/packing.py`) and the config check and memory planner size them with it."""
     # No context parallelism: ParallelConfig has no CP size, and the model is built with CP 1.
-    return sequence_multiple(tensor_parallel_size=parallel.tensor_model_parallel_size,
-                             sequence_parallel=parallel.sequence_parallel,
-                             fp8_alignment=fp8.gemm_alignment if fp8.enabled else 1)
+    return sequence_multiple(
+        tensor_parallel_size=parallel.tensor_model_parallel_size,
+        sequence_parallel=parallel.sequence_parallel,
+        fp8_alignment=fp8.gemm_alignment if fp8.enabled else 1,
+    )
 
 
 def job_padding_reason(parallel: ParallelConfig, fp8: Fp8Config) -> str:
     """Which settings make `job_sequence_multiple` what it is, for messages ("" when it is 1)."""
     reasons = []
     if parallel.sequence_parallel:
-        reasons.append("parallel.sequence_parallel splits the sequence over parallel.tensor_model_parallel_size="
-                       f"{parallel.tensor_model_parallel_size}")
+        reasons.append(
+            "parallel.sequence_parallel splits the sequence over parallel.tensor_model_parallel_size="
+            f"{parallel.tensor_model_parallel_size}"
+        )
     if fp8.enabled:
         reasons.append(f"model.fp8 GEMMs need a multiple of {fp8.gemm_alignment} tokens on each rank")
     return "; ".join(reasons)

@@ -77,20 +77,27 @@ class TorchDistReader:
         metadata = self._reader.read_metadata()
         self._reader.set_up_storage_reader(metadata, True)
         self.tensors: dict[str, TensorStorageMetadata] = {
-            key: meta for key, meta in metadata.state_dict_metadata.items()
-            if isinstance(meta, TensorStorageMetadata) and key.startswith(_MODEL_PREFIXES)
-            and hf_mapping.canonical_megatron_name(key) is not None}
+            key: meta
+            for key, meta in metadata.state_dict_metadata.items()
+            if isinstance(meta, TensorStorageMetadata)
+            and key.startswith(_MODEL_PREFIXES)
+            and hf_mapping.canonical_megatron_name(key) is not None
+        }
         if not self.tensors:
-            raise ValueError(f"{directory} holds no model tensors (embedding.*, decoder.*, output_layer.*); "
-                             "pass a megatron-core torch_dist checkpoint directory")
+            raise ValueError(
+                f"{directory} holds no model tensors (embedding.*, decoder.*, output_layer.*); "
+                "pass a megatron-core torch_dist checkpoint directory"
+            )
 
     def dtypes(self) -> set[torch.dtype]:
         return {meta.properties.dtype for meta in self.tensors.values()}
 
     def meta_tensors(self) -> dict[str, torch.Tensor]:
         """Every model key as a tensor without data, to check shapes before anything is read."""
-        return {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype, device="meta")
-                for key, meta in self.tensors.items()}
+        return {
+            key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype, device="meta")
+            for key, meta in self.tensors.items()
+        }
 
     def blocks(self) -> list[Block]:
         """Every block, in model order: the embedding, then layer by layer, then the rest."""
@@ -116,8 +123,10 @@ class TorchDistReader:
             self._reader.read_data(LoadPlan(items), _IntoBlock(destination)).wait()
         except Exception as error:
             part = "" if block.layers is None else f" (layers {block.layers.start}-{block.layers.stop - 1})"
-            raise OSError(f"cannot read {block.key}{part} from {self.directory}: {error!r}; the checkpoint's "
-                          "data files are incomplete or damaged (was its save interrupted?)") from error
+            raise OSError(
+                f"cannot read {block.key}{part} from {self.directory}: {error!r}; the checkpoint's "
+                "data files are incomplete or damaged (was its save interrupted?)"
+            ) from error
         return destination
 
     def named_tensors(self, block: Block) -> Iterator[tuple[str, torch.Tensor]]:

@@ -28,8 +28,15 @@ from dapo_megatron.models.safetensors_reader import SafetensorsReader
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
 
-def save_hf_as_torch_dist(hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str, *,
-                          progress: Callable[[int, int, int], None] | None = None) -> None:
+
+def save_hf_as_torch_dist(
+    hf_dir: Path | str,
+    cfg: ModelConfig,
+    layout: ParallelLayout,
+    out_dir: Path | str,
+    *,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> None:
     """Write `hf_dir`'s weights to the torch_dist directory `out_dir` (megatron-core's files only). Needs a
     one-process TP1 x PP1 `layout` (initialised). `progress(done, total, bytes_read)` after each parameter."""
     from megatron.core import dist_checkpointing
@@ -56,8 +63,13 @@ class _HFSource:
     """The real values of the meta model's parameters, read from HF on demand. Keeps the last parameter, as
     torch_dist writes a parameter in parts (fc1's gate and up halves) one after the other."""
 
-    def __init__(self, reader: SafetensorsReader, cfg: ModelConfig, params: dict[int, str],
-                 progress: Callable[[int, int, int], None] | None) -> None:
+    def __init__(
+        self,
+        reader: SafetensorsReader,
+        cfg: ModelConfig,
+        params: dict[int, str],
+        progress: Callable[[int, int, int], None] | None,
+    ) -> None:
         self.reader, self.cfg, self.params, self.progress = reader, cfg, params, progress
         self.dtype = getattr(torch, cfg.params_dtype)
         self.done: set[str] = set()
@@ -67,8 +79,10 @@ class _HFSource:
         """The real tensor that the meta tensor `meta` (a view of a meta parameter) stands for."""
         name = self.params.get(meta.untyped_storage()._cdata)
         if name is None:
-            raise RuntimeError(f"torch_dist asked for a meta tensor of shape {tuple(meta.shape)} that is no "
-                               "parameter of the model; the writer cannot produce it")
+            raise RuntimeError(
+                f"torch_dist asked for a meta tensor of shape {tuple(meta.shape)} that is no "
+                "parameter of the model; the writer cannot produce it"
+            )
         full = self._param(name)
         return full.as_strided(meta.shape, meta.stride(), meta.storage_offset())
 
@@ -76,8 +90,10 @@ class _HFSource:
         if self._last is None or self._last[0] != name:
             self._last = None  # drop the previous parameter before reading the next
             _release_freed_memory()
-            parts = [self.reader.read(s.name, s.dim, s.start, s.stop)
-                     for s in hf_mapping.hf_slices_for_shard(name, self.cfg, 1, 0)]
+            parts = [
+                self.reader.read(s.name, s.dim, s.start, s.stop)
+                for s in hf_mapping.hf_slices_for_shard(name, self.cfg, 1, 0)
+            ]
             value = hf_mapping.shard_from_hf_slices(name, parts, self.cfg, 1).to(self.dtype).contiguous()
             self._last = (name, value)
             if name not in self.done:
@@ -116,11 +132,14 @@ def _strategy(source: _HFSource) -> Any:
 
     class Strategy(TorchDistSaveShardedStrategy):
         def save(self, sharded_state_dict: Any, checkpoint_dir: Path) -> None:
-            state_dict, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict,
-                                                                          self.keep_only_main_replica)
+            state_dict, _, _ = _replace_state_dict_keys_with_sharded_keys(
+                sharded_state_dict, self.keep_only_main_replica
+            )
             # thread_count=1: torch's serial loader resolves one tensor, writes it, then resolves the next.
-            dcp.save(mcore_to_pyt_state_dict(state_dict, False),
-                     storage_writer=dcp.FileSystemWriter(str(checkpoint_dir), thread_count=1),
-                     planner=Planner(dedup_replicated_tensors=False, flatten_state_dict=False))
+            dcp.save(
+                mcore_to_pyt_state_dict(state_dict, False),
+                storage_writer=dcp.FileSystemWriter(str(checkpoint_dir), thread_count=1),
+                planner=Planner(dedup_replicated_tensors=False, flatten_state_dict=False),
+            )
 
     return Strategy("torch_dist", 1)

@@ -32,8 +32,9 @@ def _layer_offset(cfg: ModelConfig, layout: ParallelLayout) -> int:
     return hf_mapping.layer_range(cfg, layout.pp_size, layout.pp_rank).start
 
 
-def local_params(model: torch.nn.Module, cfg: ModelConfig,
-                  layout: ParallelLayout) -> Iterator[tuple[str, torch.nn.Parameter]]:
+def local_params(
+    model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout
+) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """(canonical global name, parameter) for every parameter this rank owns.
 
     With tied embeddings under pipeline parallelism the last stage holds a copy of the embedding as
@@ -51,34 +52,45 @@ def local_params(model: torch.nn.Module, cfg: ModelConfig,
 
 
 @torch.no_grad()
-def load_full_state(model: torch.nn.Module, full_state: Mapping[str, torch.Tensor], cfg: ModelConfig,
-                    layout: ParallelLayout) -> None:
+def load_full_state(
+    model: torch.nn.Module, full_state: Mapping[str, torch.Tensor], cfg: ModelConfig, layout: ParallelLayout
+) -> None:
     """Copy this rank's shard of each full tensor into the model. Every local parameter must be covered."""
     loaded = set()
     for name, param in local_params(model, cfg, layout):
         if name not in full_state:
             raise KeyError(f"full state has no tensor for {name}")
-        _copy_shard(name, param, hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size,
-                                                                      layout.tp_rank), layout)
+        _copy_shard(
+            name,
+            param,
+            hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank),
+            layout,
+        )
         loaded.add(name)
     unwrapped = unwrap_model(model)
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
         # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
         name = "embedding.word_embeddings.weight"
         unwrapped.output_layer.weight.copy_(
-            hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank))
+            hf_mapping.shard_for_tensor_parallel(name, full_state[name], cfg, layout.tp_size, layout.tp_rank)
+        )
 
 
 def _copy_shard(name: str, param: torch.nn.Parameter, shard: torch.Tensor, layout: ParallelLayout) -> None:
     if shard.shape != param.shape:
-        raise ValueError(f"{name}: shard shape {tuple(shard.shape)} does not match the model's "
-                         f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})")
+        raise ValueError(
+            f"{name}: shard shape {tuple(shard.shape)} does not match the model's "
+            f"{tuple(param.shape)} (tp {layout.tp_rank}/{layout.tp_size})"
+        )
     param.copy_(shard)
 
 
-def iter_full_tensors(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout,
-                      tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_tensors(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    layout: ParallelLayout,
+    tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (canonical name, full tensor) for the parameters of this pipeline stage.
 
     Collective over the TP group: every TP rank must iterate in the same order. One parameter is
@@ -95,9 +107,12 @@ def iter_full_tensors(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
         yield name, hf_mapping.gather_tensor_parallel(name, shards)
 
 
-def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout,
-                      tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
-                      ) -> dict[str, torch.Tensor] | None:
+def gather_full_state(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    layout: ParallelLayout,
+    tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.data,
+) -> dict[str, torch.Tensor] | None:
     """The whole model's full tensors on global rank 0 (None elsewhere). For tools and tests:
     it holds everything in memory at once, which weight sync must not do."""
     stage = {name: tensor.cpu().clone() for name, tensor in iter_full_tensors(model, cfg, layout, tensor_of)}
@@ -105,15 +120,24 @@ def gather_full_state(model: torch.nn.Module, cfg: ModelConfig, layout: Parallel
         return stage if layout.rank == 0 else None
     # Only one replica per stage contributes (tp rank 0 of dp rank 0); the others send nothing.
     contribution = stage if layout.tp_rank == 0 and layout.dp_rank == 0 else {}
-    gathered: list[dict[str, torch.Tensor]] | None = [{} for _ in range(layout.world_size)] if layout.rank == 0 else None
+    gathered: list[dict[str, torch.Tensor]] | None = (
+        [{} for _ in range(layout.world_size)] if layout.rank == 0 else None
+    )
     torch.distributed.gather_object(contribution, gathered, dst=0)
     if gathered is None:
         return None
     return {name: tensor for part in gathered for name, tensor in part.items()}
 
 
-def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, out_dir: Path | str,
-              *, tokenizer_dir: Path | str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path | None:
+def export_hf(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    layout: ParallelLayout,
+    out_dir: Path | str,
+    *,
+    tokenizer_dir: Path | str | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+) -> Path | None:
     """Collective: write the model as a Hugging Face directory `out_dir` (returned on rank 0, None elsewhere).
 
     Streamed: the first replica of each pipeline stage (tp 0, dp 0) writes its stage's tensors, gathered over
@@ -135,10 +159,13 @@ def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, 
     if layout.dp_rank == 0:  # other replicas hold the same weights
         writer = None
         if layout.tp_rank == 0:
-            progress = hf_export.Progress(*hf_export.stage_totals(cfg, dtype, layout.pp_size, layout.pp_rank),
-                                          label=f"hf export (stage {layout.pp_rank})")
-            writer = hf_export.ShardWriter(staging[0], dtype, max_shard_bytes, progress=progress,
-                                           prefix=f"stage{layout.pp_rank:05d}-")
+            progress = hf_export.Progress(
+                *hf_export.stage_totals(cfg, dtype, layout.pp_size, layout.pp_rank),
+                label=f"hf export (stage {layout.pp_rank})",
+            )
+            writer = hf_export.ShardWriter(
+                staging[0], dtype, max_shard_bytes, progress=progress, prefix=f"stage{layout.pp_rank:05d}-"
+            )
         for name, full in iter_full_tensors(model, cfg, layout):
             if writer is None or failure is not None:
                 continue  # still gather: the other TP ranks are in the same collectives
@@ -157,18 +184,29 @@ def export_hf(model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout, 
     if layout.rank == 0:
         has_config = tokenizer_dir is not None and (Path(tokenizer_dir) / "config.json").exists()
         base = hf_io.read_hf_config(tokenizer_dir) if has_config else None
-        errors = [hf_export.publish_stages(staging[0], out_dir, reports, hf_export.export_config(base, cfg, dtype),
-                                           tokenizer_dir)]
+        errors = [
+            hf_export.publish_stages(
+                staging[0], out_dir, reports, hf_export.export_config(base, cfg, dtype), tokenizer_dir
+            )
+        ]
     torch.distributed.broadcast_object_list(errors, src=0)
     if errors[0]:
-        raise RuntimeError(f"Hugging Face export to {out_dir} failed; nothing was published there:\n  "
-                           + "\n  ".join(errors[0]))
+        raise RuntimeError(
+            f"Hugging Face export to {out_dir} failed; nothing was published there:\n  "
+            + "\n  ".join(errors[0])
+        )
     return Path(out_dir) if layout.rank == 0 else None
 
 
 @torch.no_grad()
-def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig, layout: ParallelLayout, *,
-                    progress: Callable[[int, int, int], None] | None = None) -> int:
+def load_hf_weights(
+    model: torch.nn.Module,
+    hf_dir: Path | str,
+    cfg: ModelConfig,
+    layout: ParallelLayout,
+    *,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> int:
     """Initialise this rank's shard from a Hugging Face safetensors checkpoint; returns the bytes read.
 
     Each rank reads only what it holds: its pipeline stage's layers and, of those, its tensor-parallel rows
@@ -185,9 +223,13 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: Path | str, cfg: ModelConfig
     with SafetensorsReader(hf_dir) as reader:
         hf_mapping.check_hf_shapes(reader.shapes(), cfg)
         for done, (name, param) in enumerate(params, start=1):
-            parts = [reader.read(part.name, part.dim, part.start, part.stop)
-                     for part in hf_mapping.hf_slices_for_shard(name, cfg, layout.tp_size, layout.tp_rank)]
-            _copy_shard(name, param, hf_mapping.shard_from_hf_slices(name, parts, cfg, layout.tp_size), layout)
+            parts = [
+                reader.read(part.name, part.dim, part.start, part.stop)
+                for part in hf_mapping.hf_slices_for_shard(name, cfg, layout.tp_size, layout.tp_rank)
+            ]
+            _copy_shard(
+                name, param, hf_mapping.shard_from_hf_slices(name, parts, cfg, layout.tp_size), layout
+            )
             del parts
             if progress is not None:
                 progress(done, len(params), reader.bytes_read)

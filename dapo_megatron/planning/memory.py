@@ -67,6 +67,7 @@ SGLANG_VOCAB_PADDING = 64
 
 # ---------------------------------------------------------------------------------------------- parameters
 
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter of one rank, as megatron-core registers it."""
@@ -103,30 +104,48 @@ def stage_parameters(model: ModelConfig, *, tp: int, pp: int, pp_rank: int) -> l
 
     params = []
     if first:
-        params.append(ParamSpec("embedding.word_embeddings.weight", vocab_rows * h, dtype,
-                                shared_embedding=tied_across_stages))
+        params.append(
+            ParamSpec(
+                "embedding.word_embeddings.weight", vocab_rows * h, dtype, shared_embedding=tied_across_stages
+            )
+        )
     for index in range(pp_rank * layers_per_stage, (pp_rank + 1) * layers_per_stage):
         prefix = f"decoder.layers.{index}."
         qkv = [ParamSpec(prefix + "self_attention.linear_qkv.weight", qkv_rows * h, dtype)]
         if model.add_qkv_bias:
             qkv.append(ParamSpec(prefix + "self_attention.linear_qkv.bias", qkv_rows, dtype))
         proj_spec = ParamSpec(prefix + "self_attention.linear_proj.weight", proj, dtype)
-        fc = [ParamSpec(prefix + "mlp.linear_fc1.weight", fc1, dtype),
-              ParamSpec(prefix + "mlp.linear_fc2.weight", fc2, dtype)]
+        fc = [
+            ParamSpec(prefix + "mlp.linear_fc1.weight", fc1, dtype),
+            ParamSpec(prefix + "mlp.linear_fc2.weight", fc2, dtype),
+        ]
         if local:
-            params += [ParamSpec(prefix + "input_layernorm.weight", h, norm_dtype), proj_spec, *qkv,
-                       ParamSpec(prefix + "pre_mlp_layernorm.weight", h, norm_dtype), *fc]
+            params += [
+                ParamSpec(prefix + "input_layernorm.weight", h, norm_dtype),
+                proj_spec,
+                *qkv,
+                ParamSpec(prefix + "pre_mlp_layernorm.weight", h, norm_dtype),
+                *fc,
+            ]
         else:
-            params += [proj_spec, ParamSpec(prefix + "self_attention.linear_qkv.layer_norm_weight", h, norm_dtype),
-                       *qkv, ParamSpec(prefix + "mlp.linear_fc1.layer_norm_weight", h, norm_dtype), *fc]
+            params += [
+                proj_spec,
+                ParamSpec(prefix + "self_attention.linear_qkv.layer_norm_weight", h, norm_dtype),
+                *qkv,
+                ParamSpec(prefix + "mlp.linear_fc1.layer_norm_weight", h, norm_dtype),
+                *fc,
+            ]
     if last:
         params.append(ParamSpec("decoder.final_layernorm.weight", h, norm_dtype))
         if not (model.tie_word_embeddings and pp == 1):  # one stage: the output layer reuses the embedding
-            params.append(ParamSpec("output_layer.weight", vocab_rows * h, dtype, shared_embedding=tied_across_stages))
+            params.append(
+                ParamSpec("output_layer.weight", vocab_rows * h, dtype, shared_embedding=tied_across_stages)
+            )
     return params
 
 
 # ------------------------------------------------------------------------- gradient buffers and optimizer
+
 
 @dataclass(frozen=True)
 class GradBuffer:
@@ -140,17 +159,21 @@ class GradBuffer:
     param_numels: tuple[int, ...]
 
 
-def grad_buffers(params: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool,
-                 bucket_size: int | None) -> list[GradBuffer]:
+def grad_buffers(
+    params: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool, bucket_size: int | None
+) -> list[GradBuffer]:
     """The buffers megatron DDP builds for `params`: one per parameter dtype, in first-seen order."""
     by_dtype: dict[str, list[ParamSpec]] = {}
     for param in params:
         by_dtype.setdefault(param.dtype, []).append(param)
     buffers = []
     for dtype, group in by_dtype.items():
-        ordered = group[::-1]  # megatron lays parameters out in reverse: roughly the order backward produces them
-        ranges, buckets = _buffer_layout(ordered, dp=dp, distributed_optimizer=distributed_optimizer,
-                                         bucket_size=bucket_size)
+        ordered = group[
+            ::-1
+        ]  # megatron lays parameters out in reverse: roughly the order backward produces them
+        ranges, buckets = _buffer_layout(
+            ordered, dp=dp, distributed_optimizer=distributed_optimizer, bucket_size=bucket_size
+        )
         owned = []
         for rank in range(dp):
             mine = []
@@ -163,8 +186,9 @@ def grad_buffers(params: Sequence[ParamSpec], *, dp: int, distributed_optimizer:
     return buffers
 
 
-def _buffer_layout(ordered: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool,
-                   bucket_size: int | None) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+def _buffer_layout(
+    ordered: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool, bucket_size: int | None
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
     """(start, end, bucket) of each parameter and (start, end) of each bucket, padding included, following
     `_ParamAndGradBuffer.__init__`."""
     ranges: list[tuple[int, int, int]] = []
@@ -175,7 +199,9 @@ def _buffer_layout(ordered: Sequence[ParamSpec], *, dp: int, distributed_optimiz
     def close_bucket(bucket_end: int) -> int:
         nonlocal bucket_start, in_bucket
         if distributed_optimizer:
-            bucket_end = padded_length(bucket_end, math.lcm(dp, 128))  # every DP rank owns an equal slice of each bucket
+            bucket_end = padded_length(
+                bucket_end, math.lcm(dp, 128)
+            )  # every DP rank owns an equal slice of each bucket
         buckets.append((bucket_start, bucket_end))
         bucket_start, in_bucket = bucket_end, 0
         return bucket_end
@@ -223,8 +249,9 @@ class StateBytes:
         return self.parameters + self.gradients + self.main_parameters
 
 
-def stage_state_bytes(model: ModelConfig, parallel: ParallelConfig, *, dp: int, pp_rank: int,
-                      optimizer: str = "adam") -> list[StateBytes]:
+def stage_state_bytes(
+    model: ModelConfig, parallel: ParallelConfig, *, dp: int, pp_rank: int, optimizer: str = "adam"
+) -> list[StateBytes]:
     """Parameters, fp32 gradient buffers and optimizer state of each DP rank (index) of pipeline stage
     `pp_rank` (any TP rank), as megatron DDP and megatron's (distributed) optimizer allocate them."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
@@ -257,15 +284,23 @@ class StageStates:
         self._cache: dict[tuple[int | bool, ...], list[StateBytes]] = {}
 
     def __call__(self, parallel: ParallelConfig, *, dp: int, pp_rank: int) -> list[StateBytes]:
-        key = (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
-               parallel.use_distributed_optimizer, parallel.overlap_grad_reduce, dp, pp_rank)
+        key = (
+            parallel.tensor_model_parallel_size,
+            parallel.pipeline_model_parallel_size,
+            parallel.use_distributed_optimizer,
+            parallel.overlap_grad_reduce,
+            dp,
+            pp_rank,
+        )
         if key not in self._cache:
-            self._cache[key] = stage_state_bytes(self.model, parallel, dp=dp, pp_rank=pp_rank,
-                                                 optimizer=self.optimizer)
+            self._cache[key] = stage_state_bytes(
+                self.model, parallel, dp=dp, pp_rank=pp_rank, optimizer=self.optimizer
+            )
         return self._cache[key]
 
 
 # -------------------------------------------------------------------------------------------- activations
+
 
 def layer_activation_bytes(model: ModelConfig, *, tp: int, sequence_parallel: bool) -> float:
     """Bytes one transformer layer saves for backward, per token (Korthikanti et al. 2022, section 4.1,
@@ -311,12 +346,22 @@ class ActivationBytes:
         return self.layers + self.logits
 
 
-def activation_bytes(model: ModelConfig, parallel: ParallelConfig, *, pp_rank: int, tokens_per_micro_batch: int,
-                     micro_batches: int, logprob_chunk_size: int) -> ActivationBytes:
+def activation_bytes(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    *,
+    pp_rank: int,
+    tokens_per_micro_batch: int,
+    micro_batches: int,
+    logprob_chunk_size: int,
+) -> ActivationBytes:
     """Activations of stage `pp_rank` for micro-batches of `tokens_per_micro_batch` tokens, `micro_batches`
     of them per optimizer step on this DP rank."""
-    tp, pp, sp = (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
-                  parallel.sequence_parallel)
+    tp, pp, sp = (
+        parallel.tensor_model_parallel_size,
+        parallel.pipeline_model_parallel_size,
+        parallel.sequence_parallel,
+    )
     layers = model.num_layers // pp
     full_layer = layer_activation_bytes(model, tp=tp, sequence_parallel=sp)
     unit_input = recompute_unit_input_bytes(model, tp=tp, sequence_parallel=sp)
@@ -331,12 +376,15 @@ def activation_bytes(model: ModelConfig, parallel: ParallelConfig, *, pp_rank: i
     logits = 0
     if pp_rank == pp - 1:
         vocab_shard = model.padded_vocab_size(tp) // tp
-        logits = (2 * tokens_per_micro_batch * vocab_shard * DTYPE_BYTES[model.params_dtype]
-                  + 2 * min(logprob_chunk_size, tokens_per_micro_batch) * vocab_shard * FP32)
+        logits = (
+            2 * tokens_per_micro_batch * vocab_shard * DTYPE_BYTES[model.params_dtype]
+            + 2 * min(logprob_chunk_size, tokens_per_micro_batch) * vocab_shard * FP32
+        )
     return ActivationBytes(int(tokens_per_micro_batch * (in_flight * kept + working)), logits, in_flight)
 
 
 # ---------------------------------------------------------------------------------------------- rollout
+
 
 def engine_weight_bytes(model: ModelConfig, *, engine_tp: int, dtype: str) -> int:
     """One GPU's share of an SGLang engine's Qwen2 weights: attention, MLP, embedding and LM head split
@@ -356,10 +404,17 @@ def kv_heads_per_engine_rank(model: ModelConfig, engine_tp: int) -> int:
 
 def kv_bytes_per_token(model: ModelConfig, *, engine_tp: int, dtype: str) -> int:
     """K and V of every layer for one token, on one GPU of the engine."""
-    return 2 * model.num_layers * kv_heads_per_engine_rank(model, engine_tp) * model.head_dim * DTYPE_BYTES[dtype]
+    return (
+        2
+        * model.num_layers
+        * kv_heads_per_engine_rank(model, engine_tp)
+        * model.head_dim
+        * DTYPE_BYTES[dtype]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the plan
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -400,11 +455,16 @@ class MemoryPlan:
 
     @property
     def problems(self) -> list[str]:
-        out = [f"{phase.name} needs {phase.total / GIB:.1f} GiB of {self.capacity / GIB:.0f} GiB"
-               for phase in self.phases if phase.total > self.capacity]
+        out = [
+            f"{phase.name} needs {phase.total / GIB:.1f} GiB of {self.capacity / GIB:.0f} GiB"
+            for phase in self.phases
+            if phase.total > self.capacity
+        ]
         if self.kv_tokens < self.sequence_tokens:
-            out.append(f"the engine's KV cache holds {max(self.kv_tokens, 0)} tokens, less than one "
-                       f"{self.sequence_tokens}-token rollout")
+            out.append(
+                f"the engine's KV cache holds {max(self.kv_tokens, 0)} tokens, less than one "
+                f"{self.sequence_tokens}-token rollout"
+            )
         return out
 
     @property
@@ -423,7 +483,9 @@ def micro_batching(job: JobConfig) -> tuple[int, int]:
     micro-batch computes; without one, micro_batch_size padded full-length rows."""
     sequences = job.trainer.ppo_mini_batch_size * job.rollout.n_samples_per_prompt
     per_rank = -(-sequences // data_parallel_size(job))
-    longest = padded_length(job.rollout.max_sequence_tokens, job_sequence_multiple(job.parallel, job.model.fp8))
+    longest = padded_length(
+        job.rollout.max_sequence_tokens, job_sequence_multiple(job.parallel, job.model.fp8)
+    )
     budget = job.trainer.max_tokens_per_micro_batch
     rows = budget // longest if budget else job.trainer.micro_batch_size
     return budget or rows * longest, -(-per_rank // rows)
@@ -448,44 +510,83 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
     capacity = int(job.cluster.gpu_memory_gib * GIB)
     reserved = int(job.cluster.reserved_gib * GIB)
     state = states(par, dp=dp, pp_rank=pp_rank)[dp_rank]
-    flipped = dataclasses.replace(par, use_distributed_optimizer=not par.use_distributed_optimizer,
-                                  overlap_param_gather=False)
+    flipped = dataclasses.replace(
+        par, use_distributed_optimizer=not par.use_distributed_optimizer, overlap_param_gather=False
+    )
     state_alternative = max(states(flipped, dp=dp, pp_rank=pp_rank), key=lambda s: s.total)
     tokens, micro_batches = micro_batching(job)
 
     def activations(parallel: ParallelConfig) -> ActivationBytes:
-        return activation_bytes(model, parallel, pp_rank=pp_rank, tokens_per_micro_batch=tokens,
-                                micro_batches=micro_batches, logprob_chunk_size=job.algo.logprob_chunk_size)
+        return activation_bytes(
+            model,
+            parallel,
+            pp_rank=pp_rank,
+            tokens_per_micro_batch=tokens,
+            micro_batches=micro_batches,
+            logprob_chunk_size=job.algo.logprob_chunk_size,
+        )
 
     recompute_flipped = dataclasses.replace(
-        par, recompute_granularity="none" if par.recompute_granularity == "full" else "full",
-        recompute_method="uniform", recompute_num_layers=1)
+        par,
+        recompute_granularity="none" if par.recompute_granularity == "full" else "full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+    )
     act = activations(par)
     engine_dtype = model.params_dtype if rollout.dtype == "auto" else rollout.dtype
     weights = engine_weight_bytes(model, engine_tp=rollout.engine_tp_size, dtype=engine_dtype)
     free_at_engine_start = capacity - reserved - state.before_first_step
     engine_static = int(rollout.mem_fraction_static * free_at_engine_start)
-    kv_tokens = (engine_static - weights) // kv_bytes_per_token(model, engine_tp=rollout.engine_tp_size,
-                                                                dtype=engine_dtype)
-    trainer_state = (("parameters", state.parameters), ("gradients (fp32 buffers)", state.gradients),
-                     ("optimizer (fp32 main params + moments)", state.optimizer))
-    phases = (
-        Phase("training", (*trainer_state, ("activations", act.layers), ("logits", act.logits),
-                           (RESERVED, reserved))),
-        Phase("rollout", (*trainer_state, ("engine weights", weights),
-                          ("engine KV cache", max(engine_static - weights, 0)), (RESERVED, reserved))),
-        Phase("weight sync", (*trainer_state, ("engine weights", weights),
-                              ("sync buckets (trainer + engine copy)", 2 * rollout.sync_bucket_mb * 2**20),
-                              (RESERVED, reserved))),
+    kv_tokens = (engine_static - weights) // kv_bytes_per_token(
+        model, engine_tp=rollout.engine_tp_size, dtype=engine_dtype
     )
-    return MemoryPlan(capacity=capacity, phases=phases, state=state, state_alternative=state_alternative,
-                      activations=act, activations_alternative=activations(recompute_flipped), pp_rank=pp_rank,
-                      dp_rank=dp_rank, kv_tokens=kv_tokens,
-                      sequence_tokens=rollout.max_sequence_tokens,
-                      tokens_per_micro_batch=tokens, micro_batches=micro_batches)
+    trainer_state = (
+        ("parameters", state.parameters),
+        ("gradients (fp32 buffers)", state.gradients),
+        ("optimizer (fp32 main params + moments)", state.optimizer),
+    )
+    phases = (
+        Phase(
+            "training",
+            (*trainer_state, ("activations", act.layers), ("logits", act.logits), (RESERVED, reserved)),
+        ),
+        Phase(
+            "rollout",
+            (
+                *trainer_state,
+                ("engine weights", weights),
+                ("engine KV cache", max(engine_static - weights, 0)),
+                (RESERVED, reserved),
+            ),
+        ),
+        Phase(
+            "weight sync",
+            (
+                *trainer_state,
+                ("engine weights", weights),
+                ("sync buckets (trainer + engine copy)", 2 * rollout.sync_bucket_mb * 2**20),
+                (RESERVED, reserved),
+            ),
+        ),
+    )
+    return MemoryPlan(
+        capacity=capacity,
+        phases=phases,
+        state=state,
+        state_alternative=state_alternative,
+        activations=act,
+        activations_alternative=activations(recompute_flipped),
+        pp_rank=pp_rank,
+        dp_rank=dp_rank,
+        kv_tokens=kv_tokens,
+        sequence_tokens=rollout.max_sequence_tokens,
+        tokens_per_micro_batch=tokens,
+        micro_batches=micro_batches,
+    )
 
 
 # ---------------------------------------------------------------------------------- validation and search
+
 
 def validate_for_cluster(job: JobConfig) -> None:
     """`config.validate` for the planned world size, plus the rollout engines' fit on the nodes.
@@ -498,8 +599,10 @@ def validate_for_cluster(job: JobConfig) -> None:
     validate(job, world_size=job.cluster.world_size)
     etp, gpus = job.rollout.engine_tp_size, job.cluster.gpus_per_node
     if gpus % etp:
-        raise ConfigError(f"rollout.engine_tp_size={etp} does not divide cluster.gpus_per_node={gpus}: an engine's "
-                          f"GPUs must be on one node; choose a divisor of {gpus}.")
+        raise ConfigError(
+            f"rollout.engine_tp_size={etp} does not divide cluster.gpus_per_node={gpus}: an engine's "
+            f"GPUs must be on one node; choose a divisor of {gpus}."
+        )
     try:
         engine_placement(job.cluster.world_size, job.rollout, device="cuda")
         check_overlap(job.trainer, device="cuda")
@@ -507,13 +610,17 @@ def validate_for_cluster(job: JobConfig) -> None:
         raise ConfigError(str(error)) from None
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups
 
-    def splits_heads(size: int) -> bool:  # SGLang: heads divisible by TP; KV groups divisible by it or dividing it
+    def splits_heads(
+        size: int,
+    ) -> bool:  # SGLang: heads divisible by TP; KV groups divisible by it or dividing it
         return not heads % size and not (groups % size and size % groups)
 
     if not splits_heads(etp):
         fitting = [d for d in range(1, gpus + 1) if not gpus % d and splits_heads(d)]
-        raise ConfigError(f"rollout.engine_tp_size={etp} cannot split model.num_attention_heads={heads} and "
-                          f"model.num_query_groups={groups} between its ranks; choose one of {fitting}.")
+        raise ConfigError(
+            f"rollout.engine_tp_size={etp} cannot split model.num_attention_heads={heads} and "
+            f"model.num_query_groups={groups} between its ranks; choose one of {fitting}."
+        )
 
 
 MAX_SUGGESTED_CHANGES = 3
@@ -533,10 +640,14 @@ def suggest_layout(job: JobConfig) -> tuple[dict[str, object], MemoryPlan] | Non
         knobs = dict(zip(current, values, strict=True))
         changes = sum(knobs[k] != current[k] for k in current)
         if 0 < changes <= MAX_SUGGESTED_CHANGES:
-            cost = (changes, knobs["parallel.recompute_granularity"] == "full",
-                    knobs["parallel.tensor_model_parallel_size"] * knobs["parallel.pipeline_model_parallel_size"],
-                    -knobs["trainer.micro_batch_size"], knobs["rollout.engine_tp_size"],
-                    abs(knobs["rollout.mem_fraction_static"] - current["rollout.mem_fraction_static"]))
+            cost = (
+                changes,
+                knobs["parallel.recompute_granularity"] == "full",
+                knobs["parallel.tensor_model_parallel_size"] * knobs["parallel.pipeline_model_parallel_size"],
+                -knobs["trainer.micro_batch_size"],
+                knobs["rollout.engine_tp_size"],
+                abs(knobs["rollout.mem_fraction_static"] - current["rollout.mem_fraction_static"]),
+            )
             candidates.append((cost, knobs))
     candidates.sort(key=lambda candidate: candidate[0])
     for _, knobs in candidates:
@@ -553,29 +664,36 @@ def suggest_layout(job: JobConfig) -> tuple[dict[str, object], MemoryPlan] | Non
 
 def _knobs(job: JobConfig) -> dict[str, object]:
     par = job.parallel
-    return {"parallel.tensor_model_parallel_size": par.tensor_model_parallel_size,
-            "parallel.pipeline_model_parallel_size": par.pipeline_model_parallel_size,
-            "parallel.sequence_parallel": par.sequence_parallel,
-            "parallel.use_distributed_optimizer": par.use_distributed_optimizer,
-            "parallel.recompute_granularity": par.recompute_granularity,
-            "trainer.micro_batch_size": job.trainer.micro_batch_size,
-            "rollout.engine_tp_size": job.rollout.engine_tp_size,
-            "rollout.mem_fraction_static": job.rollout.mem_fraction_static}
+    return {
+        "parallel.tensor_model_parallel_size": par.tensor_model_parallel_size,
+        "parallel.pipeline_model_parallel_size": par.pipeline_model_parallel_size,
+        "parallel.sequence_parallel": par.sequence_parallel,
+        "parallel.use_distributed_optimizer": par.use_distributed_optimizer,
+        "parallel.recompute_granularity": par.recompute_granularity,
+        "trainer.micro_batch_size": job.trainer.micro_batch_size,
+        "rollout.engine_tp_size": job.rollout.engine_tp_size,
+        "rollout.mem_fraction_static": job.rollout.mem_fraction_static,
+    }
 
 
 def _knob_options(job: JobConfig) -> dict[str, list[object]]:
     gpus, world = job.cluster.gpus_per_node, job.cluster.world_size
     node_divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
     micro = job.trainer.micro_batch_size
-    return {"parallel.tensor_model_parallel_size": node_divisors,  # TP stays inside a node's NVLink domain
-            "parallel.pipeline_model_parallel_size": [d for d in range(1, job.model.num_layers + 1)
-                                                      if job.model.num_layers % d == 0 and world % d == 0],
-            "parallel.sequence_parallel": [False, True],
-            "parallel.use_distributed_optimizer": [False, True],
-            "parallel.recompute_granularity": ["none", "full"],
-            "trainer.micro_batch_size": sorted({micro >> shift for shift in range(micro.bit_length())}),
-            "rollout.engine_tp_size": node_divisors,
-            "rollout.mem_fraction_static": sorted({job.rollout.mem_fraction_static, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9})}
+    return {
+        "parallel.tensor_model_parallel_size": node_divisors,  # TP stays inside a node's NVLink domain
+        "parallel.pipeline_model_parallel_size": [
+            d for d in range(1, job.model.num_layers + 1) if job.model.num_layers % d == 0 and world % d == 0
+        ],
+        "parallel.sequence_parallel": [False, True],
+        "parallel.use_distributed_optimizer": [False, True],
+        "parallel.recompute_granularity": ["none", "full"],
+        "trainer.micro_batch_size": sorted({micro >> shift for shift in range(micro.bit_length())}),
+        "rollout.engine_tp_size": node_divisors,
+        "rollout.mem_fraction_static": sorted(
+            {job.rollout.mem_fraction_static, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9}
+        ),
+    }
 
 
 def _with_knobs(job: JobConfig, knobs: dict[str, object]) -> JobConfig:
@@ -589,5 +707,10 @@ def _with_knobs(job: JobConfig, knobs: dict[str, object]) -> JobConfig:
         parallel["overlap_param_gather"] = False  # it needs the distributed optimizer
     if parallel["recompute_granularity"] == "full" and job.parallel.recompute_granularity == "none":
         parallel.update(recompute_method="uniform", recompute_num_layers=1)
-    return dataclasses.replace(job, **{section: dataclasses.replace(getattr(job, section), **fields)
-                                       for section, fields in sections.items()})
+    return dataclasses.replace(
+        job,
+        **{
+            section: dataclasses.replace(getattr(job, section), **fields)
+            for section, fields in sections.items()
+        },
+    )

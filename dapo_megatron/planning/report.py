@@ -46,41 +46,64 @@ def rank_placements(job: JobConfig) -> list[RankPlacement]:
     generator = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=MEGATRON_RANK_ORDER)
     coordinate: dict[str, dict[int, int]] = {}
     for axis in ("tp", "pp", "dp"):
-        coordinate[axis] = {rank: index for group in generator.get_ranks(axis) for index, rank in enumerate(group)}
+        coordinate[axis] = {
+            rank: index for group in generator.get_ranks(axis) for index, rank in enumerate(group)
+        }
     layers = job.model.num_layers // pp
     engines = engine_placement(job.cluster.world_size, job.rollout, device="cuda")
-    return [RankPlacement(rank=rank, node=rank // gpus, local_rank=rank % gpus, tp_rank=coordinate["tp"][rank],
-                          pp_rank=coordinate["pp"][rank], dp_rank=coordinate["dp"][rank],
-                          first_layer=coordinate["pp"][rank] * layers,
-                          last_layer=(coordinate["pp"][rank] + 1) * layers - 1,
-                          engine=engines.engine_of(rank), engine_tp_rank=rank % engines.ranks_per_engine)
-            for rank in range(job.cluster.world_size)]
+    return [
+        RankPlacement(
+            rank=rank,
+            node=rank // gpus,
+            local_rank=rank % gpus,
+            tp_rank=coordinate["tp"][rank],
+            pp_rank=coordinate["pp"][rank],
+            dp_rank=coordinate["dp"][rank],
+            first_layer=coordinate["pp"][rank] * layers,
+            last_layer=(coordinate["pp"][rank] + 1) * layers - 1,
+            engine=engines.engine_of(rank),
+            engine_tp_rank=rank % engines.ranks_per_engine,
+        )
+        for rank in range(job.cluster.world_size)
+    ]
 
 
 def format_placements(job: JobConfig, placements: list[RankPlacement]) -> str:
     pp, etp = job.parallel.pipeline_model_parallel_size, job.rollout.engine_tp_size
     lines = []
     for p in placements:
-        extras = (" + embedding" if p.pp_rank == 0 else "") + (" + final norm, output layer" if p.pp_rank == pp - 1
-                                                                 else "")
-        lines.append(f"rank {p.rank:>4} | node {p.node:>3} gpu {p.local_rank} | tp {p.tp_rank} pp {p.pp_rank} "
-                     f"dp {p.dp_rank:>3} | layers {p.first_layer}-{p.last_layer}{extras} | "
-                     f"engine {p.engine} " + (f"(engine tp rank {p.engine_tp_rank})" if p.engine_tp_rank < etp
-                                              else "(no engine rank on this GPU)"))
+        extras = (" + embedding" if p.pp_rank == 0 else "") + (
+            " + final norm, output layer" if p.pp_rank == pp - 1 else ""
+        )
+        lines.append(
+            f"rank {p.rank:>4} | node {p.node:>3} gpu {p.local_rank} | tp {p.tp_rank} pp {p.pp_rank} "
+            f"dp {p.dp_rank:>3} | layers {p.first_layer}-{p.last_layer}{extras} | "
+            f"engine {p.engine} "
+            + (
+                f"(engine tp rank {p.engine_tp_rank})"
+                if p.engine_tp_rank < etp
+                else "(no engine rank on this GPU)"
+            )
+        )
     return "\n".join(lines)
 
 
 def describe_layout(job: JobConfig) -> str:
     par, rollout, cluster = job.parallel, job.rollout, job.cluster
-    recompute = (f"full ({par.recompute_method}, {par.recompute_num_layers} layer(s) per unit)"
-                 if par.recompute_granularity == "full" else "none")
-    return (f"{job.model.name} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPU(s) of "
-            f"{cluster.gpu_memory_gib:g} GiB = {cluster.world_size} ranks\n"
-            f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
-            f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, distributed "
-            f"optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
-            f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang engine(s) x TP {rollout.engine_tp_size}, "
-            f"mem_fraction_static {rollout.mem_fraction_static:g}")
+    recompute = (
+        f"full ({par.recompute_method}, {par.recompute_num_layers} layer(s) per unit)"
+        if par.recompute_granularity == "full"
+        else "none"
+    )
+    return (
+        f"{job.model.name} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPU(s) of "
+        f"{cluster.gpu_memory_gib:g} GiB = {cluster.world_size} ranks\n"
+        f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
+        f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, distributed "
+        f"optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
+        f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang engine(s) x TP {rollout.engine_tp_size}, "
+        f"mem_fraction_static {rollout.mem_fraction_static:g}"
+    )
 
 
 def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
@@ -92,38 +115,51 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
     rows = [header]
     for name in names:
         cells = [dict(phase.items).get(name) for phase in plan.phases]
-        rows.append(f"{name:<{width}}" + "".join(f"{'-' if c is None else f'{c / GIB:.2f}':>13}" for c in cells))
-    rows.append(f"{'total of ' + format(plan.capacity / GIB, 'g'):<{width}}"
-                + "".join(f"{phase.total / GIB:>13.2f}" for phase in plan.phases))
-    rows.append(f"{'':<{width}}" + "".join(f"{'fits' if phase.total <= plan.capacity else 'TOO BIG':>13}"
-                                           for phase in plan.phases))
+        rows.append(
+            f"{name:<{width}}" + "".join(f"{'-' if c is None else f'{c / GIB:.2f}':>13}" for c in cells)
+        )
+    rows.append(
+        f"{'total of ' + format(plan.capacity / GIB, 'g'):<{width}}"
+        + "".join(f"{phase.total / GIB:>13.2f}" for phase in plan.phases)
+    )
+    rows.append(
+        f"{'':<{width}}"
+        + "".join(f"{'fits' if phase.total <= plan.capacity else 'TOO BIG':>13}" for phase in plan.phases)
+    )
     other = "without" if par.use_distributed_optimizer else "with"
     recompute_other = "without" if par.recompute_granularity == "full" else "with full"
     alternative = plan.state_alternative
     micro = job.trainer.micro_batch_size
-    shape = (f"up to {plan.tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
-             if job.trainer.max_tokens_per_micro_batch else
-             f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens")
+    shape = (
+        f"up to {plan.tokens_per_micro_batch} tokens (trainer.max_tokens_per_micro_batch)"
+        if job.trainer.max_tokens_per_micro_batch
+        else f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens"
+    )
     kv_tokens = max(plan.kv_tokens, 0)
     held = kv_tokens // plan.sequence_tokens
     # Not a problem (SGLang admits what fits and most rollouts stop short of the maximum), but past this
     # point a long-response batch generates with fewer requests in flight than configured and retractions recompute.
-    queueing = ("" if kv_tokens >= job.rollout.max_in_flight_tokens else
-                f"; rollout.max_concurrent_requests={job.rollout.max_concurrent_requests} at full length would "
-                f"need {job.rollout.max_in_flight_tokens} tokens: the engine queues the rest and retracts running "
-                "requests when the cache fills")
-    return "\n".join([
-        f"micro-batch: {shape}, up to {plan.micro_batches} per "
-        f"optimizer step and DP rank, {plan.activations.in_flight} in flight",
-        f"busiest rank: pipeline stage {plan.pp_rank}, DP rank {plan.dp_rank}",
-        *rows,
-        f"{other} the distributed optimizer: optimizer {alternative.optimizer / GIB:.2f} GiB, parameters "
-        f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
-        f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
-        f"engine KV cache: {kv_tokens} tokens per engine = {held} full-length "
-        f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and CUDA "
-        f"graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
-    ])
+    queueing = (
+        ""
+        if kv_tokens >= job.rollout.max_in_flight_tokens
+        else f"; rollout.max_concurrent_requests={job.rollout.max_concurrent_requests} at full length would "
+        f"need {job.rollout.max_in_flight_tokens} tokens: the engine queues the rest and retracts running "
+        "requests when the cache fills"
+    )
+    return "\n".join(
+        [
+            f"micro-batch: {shape}, up to {plan.micro_batches} per "
+            f"optimizer step and DP rank, {plan.activations.in_flight} in flight",
+            f"busiest rank: pipeline stage {plan.pp_rank}, DP rank {plan.dp_rank}",
+            *rows,
+            f"{other} the distributed optimizer: optimizer {alternative.optimizer / GIB:.2f} GiB, parameters "
+            f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
+            f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
+            f"engine KV cache: {kv_tokens} tokens per engine = {held} full-length "
+            f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and CUDA "
+            f"graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+        ]
+    )
 
 
 def format_verdict(job: JobConfig, plan: MemoryPlan) -> str:
@@ -132,13 +168,17 @@ def format_verdict(job: JobConfig, plan: MemoryPlan) -> str:
     lines = ["does not fit: " + "; ".join(plan.problems)]
     suggestion = suggest_layout(job)
     if suggestion is None:
-        lines.append(f"no layout within a few fields of this one fits on {job.cluster.world_size} GPUs; "
-                     "add nodes (cluster.nodes) or shorten rollout.max_response_length.")
+        lines.append(
+            f"no layout within a few fields of this one fits on {job.cluster.world_size} GPUs; "
+            "add nodes (cluster.nodes) or shorten rollout.max_response_length."
+        )
     else:
         changes, fitting = suggestion
         overrides = " ".join(f"{name}={_override(value)}" for name, value in changes.items())
-        lines.append(f"nearest layout that fits (peak {fitting.peak.total / GIB:.1f} GiB, {fitting.peak.name}): "
-                     f"{overrides}")
+        lines.append(
+            f"nearest layout that fits (peak {fitting.peak.total / GIB:.1f} GiB, {fitting.peak.name}): "
+            f"{overrides}"
+        )
     return "\n".join(lines)
 
 

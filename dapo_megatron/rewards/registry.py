@@ -34,7 +34,6 @@ __all__ = [
 ]
 
 
-
 class ScorerSettings(Protocol):
     """What a scorer reads of the ``reward`` config (``rewards.config.RewardConfig``, which imports this module
     for the scorer names it accepts)."""

@@ -79,8 +79,9 @@ class RolloutClient:
             report something more useful instead, e.g. that the engine died, with its log.
     """
 
-    def __init__(self, urls: str | Sequence[str], cfg: RolloutConfig, *,
-                 on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, urls: str | Sequence[str], cfg: RolloutConfig, *, on_error: Callable[[str], None] | None = None
+    ) -> None:
         self.urls = [url.rstrip("/") for url in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RolloutClient needs at least one engine URL")
@@ -98,11 +99,21 @@ class RolloutClient:
 
     # ------------------------------------------------------------------ generation
 
-    def stream_groups(self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int | None = None,
-                      temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                      max_new_tokens: int | None = None, stop_token_ids: Sequence[int] = (),
-                      ignore_eos: bool = False, progress: bool = False, progress_total: int | None = None,
-                      group_seed: Callable[[Hashable], int] | None = None) -> Iterator[tuple[Hashable, list[Sample]]]:
+    def stream_groups(
+        self,
+        prompts: Iterable[tuple[Hashable, Sequence[int]]],
+        *,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        progress: bool = False,
+        progress_total: int | None = None,
+        group_seed: Callable[[Hashable], int] | None = None,
+    ) -> Iterator[tuple[Hashable, list[Sample]]]:
         """Generate n samples per prompt; yield `(key, samples)` per prompt as each group completes.
 
         Prompts are pulled lazily, only when fewer than `max_concurrent_requests // n` groups (at least
@@ -122,15 +133,23 @@ class RolloutClient:
             raise ValueError(f"n must be >= 1; got {n}")
         params = self._sampling_params(temperature, top_p, top_k, max_new_tokens, stop_token_ids, ignore_eos)
         if self.cfg.deterministic and group_seed is None and params["temperature"] > 0:
-            raise ValueError("rollout.deterministic=true needs a group_seed for sampling: SGLang's deterministic "
-                             "inference gives every request without a sampling_seed the same one (42), so all "
-                             "samples of a prompt would be identical")
+            raise ValueError(
+                "rollout.deterministic=true needs a group_seed for sampling: SGLang's deterministic "
+                "inference gives every request without a sampling_seed the same one (42), so all "
+                "samples of a prompt would be identical"
+            )
         # Arguments are checked here, at the call; the generator below starts work at the first next().
         return self._stream(iter(prompts), n, params, progress, progress_total, group_seed)
 
-    def _stream(self, pending: Iterator[tuple[Hashable, Sequence[int]]], n: int, params: dict[str, Any],
-                progress: bool, progress_total: int | None,
-                group_seed: Callable[[Hashable], int] | None) -> Iterator[tuple[Hashable, list[Sample]]]:
+    def _stream(
+        self,
+        pending: Iterator[tuple[Hashable, Sequence[int]]],
+        n: int,
+        params: dict[str, Any],
+        progress: bool,
+        progress_total: int | None,
+        group_seed: Callable[[Hashable], int] | None,
+    ) -> Iterator[tuple[Hashable, list[Sample]]]:
         slots = max(1, self.cfg.max_concurrent_requests // n) * len(self.urls)
         stream = _Stream()
         bar = _Progress(progress_total) if progress else None
@@ -162,9 +181,15 @@ class RolloutClient:
             if bar is not None:
                 bar.close()
 
-    def _sampling_params(self, temperature: float | None, top_p: float | None, top_k: int | None,
-                         max_new_tokens: int | None, stop_token_ids: Sequence[int],
-                         ignore_eos: bool) -> dict[str, Any]:
+    def _sampling_params(
+        self,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        max_new_tokens: int | None,
+        stop_token_ids: Sequence[int],
+        ignore_eos: bool,
+    ) -> dict[str, Any]:
         params = {
             "temperature": self.cfg.temperature if temperature is None else temperature,
             "top_p": self.cfg.top_p if top_p is None else top_p,
@@ -181,9 +206,16 @@ class RolloutClient:
             raise ValueError(f"max_new_tokens must be >= 1; got {params['max_new_tokens']}")
         return params
 
-    def _submit_more(self, stream: _Stream, pool: ThreadPoolExecutor,
-                     pending: Iterator[tuple[Hashable, Sequence[int]]], slots: int, n: int,
-                     params: dict[str, Any], group_seed: Callable[[Hashable], int] | None) -> None:
+    def _submit_more(
+        self,
+        stream: _Stream,
+        pool: ThreadPoolExecutor,
+        pending: Iterator[tuple[Hashable, Sequence[int]]],
+        slots: int,
+        n: int,
+        params: dict[str, Any],
+        group_seed: Callable[[Hashable], int] | None,
+    ) -> None:
         while len(stream.in_flight) < slots and not stream.stopped.is_set():
             item = next(pending, None)
             if item is None:
@@ -211,12 +243,19 @@ class RolloutClient:
 
     def _request_group(self, group: _Group, params: dict[str, Any]) -> list[Sample]:
         n = len(group.rids)
-        per_sample = params if group.seeds is None else [{**params, "sampling_seed": seed} for seed in group.seeds]
-        body = {"input_ids": [group.prompt_ids] * n, "rid": group.rids, "sampling_params": per_sample,
-                "return_logprob": True}
+        per_sample = (
+            params if group.seeds is None else [{**params, "sampling_seed": seed} for seed in group.seeds]
+        )
+        body = {
+            "input_ids": [group.prompt_ids] * n,
+            "rid": group.rids,
+            "sampling_params": per_sample,
+            "return_logprob": True,
+        }
         what = f"generate request for group key {group.key!r} (rids {group.rids[0]}..{group.rids[-1]})"
-        responses = self._post(group.url, "/generate", body, what, timeout=self.cfg.request_timeout_s,
-                               rids=group.rids)
+        responses = self._post(
+            group.url, "/generate", body, what, timeout=self.cfg.request_timeout_s, rids=group.rids
+        )
         index_of = {rid: i for i, rid in enumerate(group.rids)}
         try:
             samples = [_parse_sample(item, group, index_of[item["meta_info"]["id"]]) for item in responses]
@@ -246,13 +285,16 @@ class RolloutClient:
     def abort(self, key: Hashable) -> None:
         """Abort the in-flight groups with this key; they come back with finish reason abort."""
         with self._lock:
-            groups = [group for stream in self._streams for group in stream.in_flight.values()
-                      if group.key == key]
+            groups = [
+                group for stream in self._streams for group in stream.in_flight.values() if group.key == key
+            ]
             for group in groups:
                 group.aborted = True
         for group in groups:
             for rid in group.rids:
-                self._post(group.url, "/abort_request", {"rid": rid}, f"abort of {rid}", timeout=_ABORT_TIMEOUT_S)
+                self._post(
+                    group.url, "/abort_request", {"rid": rid}, f"abort of {rid}", timeout=_ABORT_TIMEOUT_S
+                )
 
     def _repeat_aborts(self, stream: _Stream) -> None:
         with self._lock:
@@ -282,8 +324,9 @@ class RolloutClient:
 
     # ------------------------------------------------------------------ scoring
 
-    def teacher_forced_log_probs(self, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], *,
-                                 engine: int = 0) -> list[list[float]]:
+    def teacher_forced_log_probs(
+        self, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], *, engine: int = 0
+    ) -> list[list[float]]:
         """The engine's untempered log-prob of every token after the prompt: entry j of result i is
         `log_softmax(logits)[sequences[i][p + j]]` given `sequences[i][:p + j]`, `p = prompt_lengths[i]`.
 
@@ -304,34 +347,53 @@ class RolloutClient:
         chunk = self.cfg.max_concurrent_requests
         for start in range(0, len(tokens), chunk):
             end = start + chunk
-            result += self._score_chunk(self.urls[engine], tokens[start:end], list(prompt_lengths[start:end]),
-                                        first_index=start)
+            result += self._score_chunk(
+                self.urls[engine], tokens[start:end], list(prompt_lengths[start:end]), first_index=start
+            )
         return result
 
-    def _score_chunk(self, url: str, sequences: list[list[int]], prompt_lengths: list[int],
-                     first_index: int) -> list[list[float]]:
+    def _score_chunk(
+        self, url: str, sequences: list[list[int]], prompt_lengths: list[int], first_index: int
+    ) -> list[list[float]]:
         rids = self._new_rids(len(sequences))
-        body = {"input_ids": sequences, "rid": rids, "sampling_params": {"max_new_tokens": 0},
-                "return_logprob": True, "logprob_start_len": [p - 1 for p in prompt_lengths]}
+        body = {
+            "input_ids": sequences,
+            "rid": rids,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": [p - 1 for p in prompt_lengths],
+        }
         what = f"teacher-forced scoring of sequences {first_index}..{first_index + len(sequences) - 1}"
         responses = self._post(url, "/generate", body, what, timeout=self.cfg.request_timeout_s, rids=rids)
         try:
-            by_rid = {response["meta_info"]["id"]: response["meta_info"]["input_token_logprobs"]
-                      for response in responses}
+            by_rid = {
+                response["meta_info"]["id"]: response["meta_info"]["input_token_logprobs"]
+                for response in responses
+            }
             # SGLang reports no value for the first position asked about (hence the [1:]).
             entries = [by_rid[rid][1:] for rid in rids]
         except (KeyError, TypeError) as err:
             raise RolloutError(f"{what} got an unexpected response from {url}: {err!r}") from err
         for i, (seq_entries, seq, p) in enumerate(zip(entries, sequences, prompt_lengths, strict=True)):
             if not _same_tokens([entry[1] for entry in seq_entries], seq[p:]):
-                raise RolloutError(f"{what}: the engine scored other tokens than sequence "
-                                   f"{first_index + i} holds after its prompt")
+                raise RolloutError(
+                    f"{what}: the engine scored other tokens than sequence "
+                    f"{first_index + i} holds after its prompt"
+                )
         return [[float(entry[0]) for entry in seq_entries] for seq_entries in entries]
 
     # ------------------------------------------------------------------ plumbing
 
-    def _post(self, url: str, path: str, body: dict[str, Any], what: str, *, timeout: float,
-              rids: Sequence[str] = ()) -> Any:
+    def _post(
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any],
+        what: str,
+        *,
+        timeout: float,
+        rids: Sequence[str] = (),
+    ) -> Any:
         """POST and return the decoded JSON; failures go through `on_error`, then raise RolloutError.
         `rids` are aborted if the request times out: the engine may still be working on them."""
         try:
@@ -339,11 +401,14 @@ class RolloutClient:
         except RolloutError as err:
             self._report(url, err)
 
-    def _post_once(self, url: str, path: str, body: dict[str, Any], what: str, timeout: float,
-                   rids: Sequence[str]) -> Any:
+    def _post_once(
+        self, url: str, path: str, body: dict[str, Any], what: str, timeout: float, rids: Sequence[str]
+    ) -> Any:
         for attempt in range(2):
             try:
-                response = self._session.post(f"{url}{path}", json=body, timeout=(_CONNECT_TIMEOUT_S, timeout))
+                response = self._session.post(
+                    f"{url}{path}", json=body, timeout=(_CONNECT_TIMEOUT_S, timeout)
+                )
                 break
             except requests.Timeout as err:
                 self._abort_rids(url, rids)
@@ -355,7 +420,9 @@ class RolloutClient:
                 if attempt or not isinstance(err, requests.ConnectionError):
                     raise RolloutError(f"{what} to {url} failed: {err}") from err
         if response.status_code != 200:
-            raise RolloutError(f"{what} to {url} failed with HTTP {response.status_code}: {response.text[:2000]}")
+            raise RolloutError(
+                f"{what} to {url} failed with HTTP {response.status_code}: {response.text[:2000]}"
+            )
         return response.json() if response.content else None
 
     def _report(self, url: str, err: RolloutError) -> NoReturn:
@@ -405,9 +472,16 @@ def _parse_sample(item: dict[str, Any], group: _Group, index: int) -> Sample:
     reason = (meta.get("finish_reason") or {}).get("type")
     if reason not in _FINISH_REASONS:
         raise ValueError(f"unknown finish reason {meta.get('finish_reason')!r}")
-    return Sample(key=group.key, index=index, prompt_ids=group.prompt_ids, output_ids=output_ids,
-                  logprobs=logprobs, finish_reason=cast(FinishReason, reason),
-                  weight_version=str(meta.get("weight_version")), engine=group.url)
+    return Sample(
+        key=group.key,
+        index=index,
+        prompt_ids=group.prompt_ids,
+        output_ids=output_ids,
+        logprobs=logprobs,
+        finish_reason=cast(FinishReason, reason),
+        weight_version=str(meta.get("weight_version")),
+        engine=group.url,
+    )
 
 
 class _Progress:
@@ -424,8 +498,14 @@ class _Progress:
             with contextlib.suppress(ImportError):
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=total, desc="rollout", unit="sample", dynamic_ncols=True, leave=False,
-                                 file=self.stream)
+                self._bar = tqdm(
+                    total=total,
+                    desc="rollout",
+                    unit="sample",
+                    dynamic_ncols=True,
+                    leave=False,
+                    file=self.stream,
+                )
 
     def update(self, samples: int) -> None:
         self.samples += samples
@@ -434,7 +514,11 @@ class _Progress:
         elif time.monotonic() - self._last_line >= _PROGRESS_LOG_EVERY_S:
             self._last_line = time.monotonic()
             done = f"{self.samples}/{self.total}" if self.total is not None else str(self.samples)
-            print(f"rollout: {done} samples in {self._last_line - self._start:.0f} s", file=self.stream, flush=True)
+            print(
+                f"rollout: {done} samples in {self._last_line - self._start:.0f} s",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self._bar is not None:

@@ -95,14 +95,24 @@ class RolloutConfig:
         per_request, needed = self.max_sequence_tokens, self.max_in_flight_tokens
         if needed <= self.max_total_tokens:
             return None
-        return (f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} of "
-                f"rollout.max_concurrent_requests={self.max_concurrent_requests} requests of up to {per_request} "
-                "tokens: the engine queues the rest and retracts running requests when its KV cache fills, "
-                f"recomputing them. Set rollout.max_total_tokens={needed} (or lower max_concurrent_requests).")
+        return (
+            f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} of "
+            f"rollout.max_concurrent_requests={self.max_concurrent_requests} requests of up to {per_request} "
+            "tokens: the engine queues the rest and retracts running requests when its KV cache fills, "
+            f"recomputing them. Set rollout.max_total_tokens={needed} (or lower max_concurrent_requests)."
+        )
 
     def __post_init__(self) -> None:
-        positive = ("n_samples_per_prompt", "max_response_length", "max_prompt_length", "engine_tp_size",
-                    "max_total_tokens", "max_concurrent_requests", "sync_bucket_mb", "sync_check_every")
+        positive = (
+            "n_samples_per_prompt",
+            "max_response_length",
+            "max_prompt_length",
+            "engine_tp_size",
+            "max_total_tokens",
+            "max_concurrent_requests",
+            "sync_bucket_mb",
+            "sync_check_every",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1; got {getattr(self, name)}.")
@@ -113,7 +123,9 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1]; got {self.top_p}.")
         if not 0 < self.mem_fraction_static < 1:
-            raise ValueError(f"rollout.mem_fraction_static must be in (0, 1); got {self.mem_fraction_static}.")
+            raise ValueError(
+                f"rollout.mem_fraction_static must be in (0, 1); got {self.mem_fraction_static}."
+            )
         for name in ("startup_timeout_s", "request_timeout_s", "sync_check_tolerance"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be > 0; got {getattr(self, name)}.")

@@ -31,9 +31,13 @@ MAX_PADDED_SCORES = 1 << 26
 to the per-sequence loop: padding would cost more memory than the loop costs time."""
 
 
-def gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-              req_pool_indices: torch.Tensor,
-              seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every sequence's cached keys and values, padded to the longest.
 
     Args:
@@ -52,8 +56,14 @@ def gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.
     return k_cache[slots].transpose(1, 2), v_cache[slots].transpose(1, 2), valid
 
 
-def batched_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
-                   scaling: float | None, enable_gqa: bool) -> torch.Tensor:
+def batched_decode(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    scaling: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
     """One new token per sequence attends to all of its cached tokens.
 
     Args:
@@ -62,14 +72,28 @@ def batched_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     Returns:
         [B, heads, head_dim]
     """
-    out = scaled_dot_product_attention(query.unsqueeze(2), keys.to(query.dtype), values.to(query.dtype),
-                                       attn_mask=valid[:, None, None, :], scale=scaling, enable_gqa=enable_gqa)
+    out = scaled_dot_product_attention(
+        query.unsqueeze(2),
+        keys.to(query.dtype),
+        values.to(query.dtype),
+        attn_mask=valid[:, None, None, :],
+        scale=scaling,
+        enable_gqa=enable_gqa,
+    )
     return out.squeeze(2)
 
 
-def batched_extend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
-                   prefix_lens: torch.Tensor, extend_lens: torch.Tensor, scaling: float | None,
-                   enable_gqa: bool, causal: bool) -> torch.Tensor:
+def batched_extend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scaling: float | None,
+    enable_gqa: bool,
+    causal: bool,
+) -> torch.Tensor:
     """New tokens of every sequence (after a cached prefix) attend to the prefix and, causally, each other.
 
     Args:
@@ -81,18 +105,24 @@ def batched_extend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     """
     width = int(extend_lens.max())
     steps = torch.arange(width, device=query.device)
-    query_valid = steps[None, :] < extend_lens[:, None]                              # [B, Lq]
+    query_valid = steps[None, :] < extend_lens[:, None]  # [B, Lq]
     starts = torch.cumsum(extend_lens, 0) - extend_lens
-    token = (starts[:, None] + steps[None, :]).masked_fill(~query_valid, 0)         # [B, Lq]
-    padded = query[token].transpose(1, 2)                                            # [B, heads, Lq, D]
-    mask = valid[:, None, :].expand(-1, width, -1)                                   # [B, Lq, L]
+    token = (starts[:, None] + steps[None, :]).masked_fill(~query_valid, 0)  # [B, Lq]
+    padded = query[token].transpose(1, 2)  # [B, heads, Lq, D]
+    mask = valid[:, None, :].expand(-1, width, -1)  # [B, Lq, L]
     if causal:
         # Query j of a sequence sits at absolute position prefix + j and sees keys up to there. Padded
         # query rows see at least key 0, so no row is fully masked (which would give NaN).
         key_pos = torch.arange(valid.shape[1], device=query.device)
         mask = mask & (key_pos[None, None, :] <= (prefix_lens[:, None] + steps[None, :])[:, :, None])
-    out = scaled_dot_product_attention(padded, keys.to(query.dtype), values.to(query.dtype),
-                                       attn_mask=mask[:, None], scale=scaling, enable_gqa=enable_gqa)
+    out = scaled_dot_product_attention(
+        padded,
+        keys.to(query.dtype),
+        values.to(query.dtype),
+        attn_mask=mask[:, None],
+        scale=scaling,
+        enable_gqa=enable_gqa,
+    )
     return out.transpose(1, 2)[query_valid]
 
 
@@ -104,43 +134,102 @@ class BatchedTorchNativeAttnBackend(TorchNativeAttnBackend):
         engine_threads.follow()
         super().init_forward_metadata(forward_batch)
 
-    def _run_sdpa_forward_decode(self, query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor,
-                                 v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                                 req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                                 encoder_lens: torch.Tensor | None = None, scaling: float | None = None,
-                                 enable_gqa: bool = False, causal: bool = False, is_cross_attn: bool = False,
-                                 sliding_window_size: int | None = None) -> torch.Tensor:
+    def _run_sdpa_forward_decode(
+        self,
+        query: torch.Tensor,
+        output: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        encoder_lens: torch.Tensor | None = None,
+        scaling: float | None = None,
+        enable_gqa: bool = False,
+        causal: bool = False,
+        is_cross_attn: bool = False,
+        sliding_window_size: int | None = None,
+    ) -> torch.Tensor:
         if not _batchable(encoder_lens, is_cross_attn, sliding_window_size, query, seq_lens, 1):
             return super()._run_sdpa_forward_decode(
-                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, encoder_lens,
-                scaling=scaling, enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
-                sliding_window_size=sliding_window_size)
+                query,
+                output,
+                k_cache,
+                v_cache,
+                req_to_token,
+                req_pool_indices,
+                seq_lens,
+                encoder_lens,
+                scaling=scaling,
+                enable_gqa=enable_gqa,
+                causal=causal,
+                is_cross_attn=is_cross_attn,
+                sliding_window_size=sliding_window_size,
+            )
         keys, values, valid = gather_kv(k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
         output.copy_(batched_decode(query, keys, values, valid, scaling, enable_gqa))
         return output
 
-    def _run_sdpa_forward_extend(self, query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor,
-                                 v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                                 req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                                 extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor,
-                                 encoder_lens: torch.Tensor | None = None, scaling: float | None = None,
-                                 enable_gqa: bool = False, causal: bool = False, is_cross_attn: bool = False,
-                                 sliding_window_size: int | None = None) -> torch.Tensor:
-        if not _batchable(encoder_lens, is_cross_attn, sliding_window_size, query, seq_lens,
-                          int(extend_seq_lens.max())):
+    def _run_sdpa_forward_extend(
+        self,
+        query: torch.Tensor,
+        output: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        extend_prefix_lens: torch.Tensor,
+        extend_seq_lens: torch.Tensor,
+        encoder_lens: torch.Tensor | None = None,
+        scaling: float | None = None,
+        enable_gqa: bool = False,
+        causal: bool = False,
+        is_cross_attn: bool = False,
+        sliding_window_size: int | None = None,
+    ) -> torch.Tensor:
+        if not _batchable(
+            encoder_lens, is_cross_attn, sliding_window_size, query, seq_lens, int(extend_seq_lens.max())
+        ):
             return super()._run_sdpa_forward_extend(
-                query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
-                extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
-                is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
+                query,
+                output,
+                k_cache,
+                v_cache,
+                req_to_token,
+                req_pool_indices,
+                seq_lens,
+                extend_prefix_lens,
+                extend_seq_lens,
+                encoder_lens,
+                scaling=scaling,
+                enable_gqa=enable_gqa,
+                causal=causal,
+                is_cross_attn=is_cross_attn,
+                sliding_window_size=sliding_window_size,
+            )
         keys, values, valid = gather_kv(k_cache, v_cache, req_to_token, req_pool_indices, seq_lens)
-        output.copy_(batched_extend(query, keys, values, valid, extend_prefix_lens, extend_seq_lens, scaling,
-                                    enable_gqa, causal))
+        output.copy_(
+            batched_extend(
+                query, keys, values, valid, extend_prefix_lens, extend_seq_lens, scaling, enable_gqa, causal
+            )
+        )
         return output
 
 
-def _batchable(encoder_lens: torch.Tensor | None, is_cross_attn: bool, sliding_window_size: int | None,
-               query: torch.Tensor, seq_lens: torch.Tensor, queries_per_sequence: int) -> bool:
-    if encoder_lens is not None or is_cross_attn or (sliding_window_size is not None and sliding_window_size > -1):
+def _batchable(
+    encoder_lens: torch.Tensor | None,
+    is_cross_attn: bool,
+    sliding_window_size: int | None,
+    query: torch.Tensor,
+    seq_lens: torch.Tensor,
+    queries_per_sequence: int,
+) -> bool:
+    if (
+        encoder_lens is not None
+        or is_cross_attn
+        or (sliding_window_size is not None and sliding_window_size > -1)
+    ):
         return False
     if seq_lens.numel() == 0:
         return False

@@ -52,8 +52,21 @@ _TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
 
 
-_LAUNCHER_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"})
+_LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
 
 
 class EngineError(RuntimeError):
@@ -106,21 +119,34 @@ class SGLangEngine:
         extra_args: further `sglang.launch_server` flags, appended verbatim.
     """
 
-    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, log_file: str | Path,
-                 host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
-                 base_gpu_id: int = 0, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: RolloutConfig,
+        *,
+        log_file: str | Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        device: str = "cpu",
+        base_gpu_id: int = 0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda; got {device!r}")
         if device == "cpu" and cfg.engine_tp_size != 1:
             # SGLang's CPU tensor parallelism needs the sgl_kernel CPU build, which the stand-ins replace.
             raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
         if device == "cpu" and cfg.quantization:
-            raise ValueError(f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU")
+            raise ValueError(
+                f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU"
+            )
         if device == "cpu" and cfg.deterministic:
-            raise ValueError("rollout.deterministic=true needs a CUDA GPU: SGLang's deterministic inference runs on "
-                             "batch-invariant GPU attention kernels and refuses the CPU engine's torch_native "
-                             "attention, and without it SGLang ignores per-request sampling seeds; set "
-                             "rollout.deterministic=false on CPU")
+            raise ValueError(
+                "rollout.deterministic=true needs a CUDA GPU: SGLang's deterministic inference runs on "
+                "batch-invariant GPU attention kernels and refuses the CPU engine's torch_native "
+                "attention, and without it SGLang ignores per-request sampling seeds; set "
+                "rollout.deterministic=false on CPU"
+            )
         if device == "cpu" and (shortfall := cfg.kv_shortfall()) is not None:
             warnings.warn(shortfall, stacklevel=2)  # on GPUs the memory fraction sizes the cache
         self.model_path = Path(model_path)
@@ -151,39 +177,78 @@ class SGLangEngine:
 
     def command(self) -> list[str]:
         """The server command line."""
-        common = ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port),
-                  *(["--random-seed", str(self.cfg.seed)] if self.cfg.seed is not None else [])]
+        common = [
+            "--model-path",
+            str(self.model_path),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *(["--random-seed", str(self.cfg.seed)] if self.cfg.seed is not None else []),
+        ]
         if self.device == "cpu":
             dtype = "float32" if self.cfg.dtype == "auto" else self.cfg.dtype
-            return [sys.executable, "-m", "dapo_megatron.rollout.sglang_cpu", *common,
-                    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-                    "--dtype", dtype,
-                    # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
-                    # SGLang checks it as "host memory that vanished while the weights loaded < fraction x free
-                    # memory before", so whatever a neighbour (another engine starting, a trainer building its
-                    # model) allocates meanwhile counts as weights, and a small fraction (0.05 of 20 GB free)
-                    # refuses to start beside a neighbour's ~1 GB. Half tolerates any neighbour that leaves room
-                    # to run.
-                    "--mem-fraction-static", "0.5", "--max-total-tokens", str(self.cfg.max_total_tokens),
-                    "--disable-cuda-graph", "--skip-server-warmup",
-                    # Idle, the scheduler otherwise spins a whole core while the trainer computes on the
-                    # same cores, and a trainer on more than one thread slows down beside it (see
-                    # bench/RESULTS.md, 'CPU idle cores'). It polls its sockets instead, so a request still
-                    # wakes it at once.
-                    "--sleep-on-idle",
-                    "--custom-weight-loader", cpu_weight_loader.LOAD_FORMAT, *self.extra_args]
-        return [sys.executable, "-m", "sglang.launch_server", *common,
-                "--dtype", self.cfg.dtype, "--tp-size", str(self.cfg.engine_tp_size),
-                "--base-gpu-id", str(self.base_gpu_id),
-                "--mem-fraction-static", str(self.cfg.mem_fraction_static),
-                "--enable-memory-saver",
-                *(["--enable-deterministic-inference"] if self.cfg.deterministic else []),
-                *(["--quantization", self.cfg.quantization] if self.cfg.quantization else []), *self.extra_args]
+            return [
+                sys.executable,
+                "-m",
+                "dapo_megatron.rollout.sglang_cpu",
+                *common,
+                "--device",
+                "cpu",
+                "--attention-backend",
+                "torch_native",
+                "--sampling-backend",
+                "pytorch",
+                "--dtype",
+                dtype,
+                # On CPU the KV cache is sized by max_total_tokens; the fraction only has to let it fit.
+                # SGLang checks it as "host memory that vanished while the weights loaded < fraction x free
+                # memory before", so whatever a neighbour (another engine starting, a trainer building its
+                # model) allocates meanwhile counts as weights, and a small fraction (0.05 of 20 GB free)
+                # refuses to start beside a neighbour's ~1 GB. Half tolerates any neighbour that leaves room
+                # to run.
+                "--mem-fraction-static",
+                "0.5",
+                "--max-total-tokens",
+                str(self.cfg.max_total_tokens),
+                "--disable-cuda-graph",
+                "--skip-server-warmup",
+                # Idle, the scheduler otherwise spins a whole core while the trainer computes on the
+                # same cores, and a trainer on more than one thread slows down beside it (see
+                # bench/RESULTS.md, 'CPU idle cores'). It polls its sockets instead, so a request still
+                # wakes it at once.
+                "--sleep-on-idle",
+                "--custom-weight-loader",
+                cpu_weight_loader.LOAD_FORMAT,
+                *self.extra_args,
+            ]
+        return [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            *common,
+            "--dtype",
+            self.cfg.dtype,
+            "--tp-size",
+            str(self.cfg.engine_tp_size),
+            "--base-gpu-id",
+            str(self.base_gpu_id),
+            "--mem-fraction-static",
+            str(self.cfg.mem_fraction_static),
+            "--enable-memory-saver",
+            *(["--enable-deterministic-inference"] if self.cfg.deterministic else []),
+            *(["--quantization", self.cfg.quantization] if self.cfg.quantization else []),
+            *self.extra_args,
+        ]
 
     def _environment(self) -> dict[str, str]:
         # The trainer runs under torchrun / srun; SGLang initialises torch.distributed from the same
         # variables and would wait forever for the trainer's world size worth of ranks.
-        env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")
+        }
         if self.device == "cpu":
             env.setdefault("OMP_NUM_THREADS", str(CPU_ENGINE_THREADS))
             if self.threads_file is not None:
@@ -198,8 +263,10 @@ class SGLangEngine:
     def set_cpu_threads(self, threads: int) -> None:
         """A launched CPU engine computes on `threads` intra-op threads from its next forward pass on."""
         if self.threads_file is None:
-            raise EngineError(f"engine at {self.url} ({self.device}) is not a launched CPU engine: only those "
-                              "follow a thread count")
+            raise EngineError(
+                f"engine at {self.url} ({self.device}) is not a launched CPU engine: only those "
+                "follow a thread count"
+            )
         engine_threads.request_threads(self.threads_file, threads)
 
     def start(self) -> SGLangEngine:
@@ -219,16 +286,23 @@ class SGLangEngine:
         if self.device == "cpu":
             # Beside the log, not in /tmp: an engine killed before `shutdown` leaves its few bytes in the run's
             # own directory. A CPU engine's log directory is local, and the engine reads the file per forward.
-            fd, name = tempfile.mkstemp(prefix=f"{self.log_file.name}.", suffix=".threads", dir=self.log_file.parent)
+            fd, name = tempfile.mkstemp(
+                prefix=f"{self.log_file.name}.", suffix=".threads", dir=self.log_file.parent
+            )
             os.close(fd)
             self.threads_file = Path(name)
             engine_threads.request_threads(self.threads_file, self.start_threads)
         with open(self.log_file, "ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
             log.flush()
-            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self._environment(),
-                                             start_new_session=True)  # own group: killpg reaches all
+            self._process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._environment(),
+                start_new_session=True,
+            )  # own group: killpg reaches all
         _LIVE_ENGINES.add(self)
         return self
 
@@ -252,8 +326,9 @@ class SGLangEngine:
                 raise self._error(f"the SGLang engine exited with code {code} while starting")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._error(f"the SGLang engine did not become healthy within "
-                                  f"{self.cfg.startup_timeout_s:g} s")
+                raise self._error(
+                    f"the SGLang engine did not become healthy within {self.cfg.startup_timeout_s:g} s"
+                )
             if self._healthy(timeout=min(remaining, 30.0)):
                 return
             time.sleep(min(0.5, max(remaining, 0.0)))
@@ -311,24 +386,36 @@ class SGLangEngine:
     def record(self) -> EngineRecord:
         """What another rank needs to address this running engine and to explain its death."""
         processes = [self._tree[0], *(worker for worker, _ in self._workers)] if self._tree else []
-        return EngineRecord(url=self.url, log_file=str(self.log_file), host=socket.gethostname(),
-                            processes=tuple((p.pid, p.create_time()) for p in processes))
+        return EngineRecord(
+            url=self.url,
+            log_file=str(self.log_file),
+            host=socket.gethostname(),
+            processes=tuple((p.pid, p.create_time()) for p in processes),
+        )
 
     def _error(self, what: str) -> EngineError:
         return EngineError(f"{what}; {self.url}, log {self.log_file}, last lines:\n{self.log_tail()}")
 
     # ------------------------------------------------------------------ control requests
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
-                 timeout: float = _CONTROL_TIMEOUT_S) -> requests.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float = _CONTROL_TIMEOUT_S,
+    ) -> requests.Response:
         try:
             response = self._session.request(method, f"{self.url}{path}", json=body, timeout=timeout)
         except requests.RequestException as err:
             self.check_alive()
             raise EngineError(f"{method} {path} on the SGLang engine at {self.url} failed: {err}") from err
         if response.status_code != 200:
-            raise EngineError(f"{method} {path} on the SGLang engine at {self.url} returned "
-                              f"HTTP {response.status_code}: {response.text[:2000]}")
+            raise EngineError(
+                f"{method} {path} on the SGLang engine at {self.url} returned "
+                f"HTTP {response.status_code}: {response.text[:2000]}"
+            )
         return response
 
     def server_info(self) -> dict[str, Any]:
@@ -423,8 +510,10 @@ class EngineRecord:
             raise self._error(f"the SGLang engine on {self.host} does not answer ({err})") from err
 
     def _error(self, what: str) -> EngineError:
-        return EngineError(f"{what}; {self.url}, log {self.log_file} on {self.host}, last lines:\n"
-                           f"{read_log_tail(Path(self.log_file))}")
+        return EngineError(
+            f"{what}; {self.url}, log {self.log_file} on {self.host}, last lines:\n"
+            f"{read_log_tail(Path(self.log_file))}"
+        )
 
 
 def liveness_check(engines: Sequence[SGLangEngine | EngineRecord]) -> Callable[[str], None]:

@@ -33,8 +33,11 @@ def rollout_config(job: JobConfig) -> RolloutConfig:
     """The rollout settings with the engine dtype (`auto` = the policy's) and the seed (None = the job's)
     resolved."""
     rollout = job.rollout
-    return dataclasses.replace(rollout, dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
-                               seed=job.seed if rollout.seed is None else rollout.seed)
+    return dataclasses.replace(
+        rollout,
+        dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
+        seed=job.seed if rollout.seed is None else rollout.seed,
+    )
 
 
 class EngineFleet:
@@ -47,8 +50,9 @@ class EngineFleet:
     Raises ValueError naming the field when the engines cannot be placed (`rollout/placement.py`).
     """
 
-    def __init__(self, job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str,
-                 device: str) -> None:
+    def __init__(
+        self, job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str, device: str
+    ) -> None:
         self.job, self.device = job, device
         self.rank, self.local_rank, self.master_addr = rank, local_rank, master_addr
         self.placement = engine_placement(world_size, job.rollout, device)
@@ -83,20 +87,29 @@ class EngineFleet:
         log_dir = Path(job.rollout.log_dir or Path(job.output_dir) / "logs")
         log_dir.mkdir(parents=True, exist_ok=True)
         name = "sglang_engine.log" if self.placement.num_engines == 1 else f"sglang_engine_{index}.log"
-        self.engine = SGLangEngine(job.model.hf_dir, rollout_config(job), log_file=log_dir / name,
-                                   host=address_towards(self.master_addr), device=self.device,
-                                   base_gpu_id=self.local_rank).launch()
+        self.engine = SGLangEngine(
+            job.model.hf_dir,
+            rollout_config(job),
+            log_file=log_dir / name,
+            host=address_towards(self.master_addr),
+            device=self.device,
+            base_gpu_id=self.local_rank,
+        ).launch()
 
     def connect(self, layout: ParallelLayout) -> None:
         """Wait for this rank's engine, then exchange every engine's record. Collective."""
         if self.engine is not None:
             self.engine.wait_until_ready()
         records: list[EngineRecord | None] = [None] * layout.world_size
-        torch.distributed.all_gather_object(records, self.engine.record() if self.engine is not None else None)
+        torch.distributed.all_gather_object(
+            records, self.engine.record() if self.engine is not None else None
+        )
         self.records = [record for record in records if record is not None]  # in engine order
         # This rank's own engine is watched through its processes, the others through their records.
-        self.watched = [self.engine if self.engine is not None and record.url == self.engine.url else record
-                        for record in self.records]
+        self.watched = [
+            self.engine if self.engine is not None and record.url == self.engine.url else record
+            for record in self.records
+        ]
 
     @property
     def urls(self) -> list[str]:
@@ -114,9 +127,14 @@ class EngineFleet:
 
         rollout = self.job.rollout
         self.sync = SYNC_METHODS[rollout.sync_method](
-            self.urls, self.job.model, layout, bucket_bytes=rollout.sync_bucket_mb * 2**20,
-            engine_tp_size=rollout.engine_tp_size, timeout_s=rollout.request_timeout_s,
-            engine_owners=[self.placement.owner(e) for e in range(self.placement.num_engines)])
+            self.urls,
+            self.job.model,
+            layout,
+            bucket_bytes=rollout.sync_bucket_mb * 2**20,
+            engine_tp_size=rollout.engine_tp_size,
+            timeout_s=rollout.request_timeout_s,
+            engine_owners=[self.placement.owner(e) for e in range(self.placement.num_engines)],
+        )
         self.probe = probe
 
     @property
@@ -159,7 +177,9 @@ class EngineFleet:
             self.engine.resume_memory(["kv_cache", "cuda_graph"])
             self._released = False
         mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
-        if mode == "always" or (mode == "first" and (self._last_check < 0 or step - self._last_check >= every)):
+        if mode == "always" or (
+            mode == "first" and (self._last_check < 0 or step - self._last_check >= every)
+        ):
             self.check_sync(version, actor, client)
             self._last_check = step
         return time.perf_counter() - started
@@ -168,8 +188,13 @@ class EngineFleet:
         """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError beyond
         rollout.sync_check_tolerance. Collective; `client`: the driving rank's (None elsewhere). Returns the
         largest difference (0.0 off the driving rank)."""
-        return self.probe.check(actor, client, version=version, tolerance=self.job.rollout.sync_check_tolerance,
-                                micro_batch_size=self.job.trainer.micro_batch_size)
+        return self.probe.check(
+            actor,
+            client,
+            version=version,
+            tolerance=self.job.rollout.sync_check_tolerance,
+            micro_batch_size=self.job.trainer.micro_batch_size,
+        )
 
     def close_sync(self) -> None:
         """First in the tear-down: a distributed sync's group is torn down on the engine's side too, while it
@@ -180,4 +205,3 @@ class EngineFleet:
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
-

@@ -67,8 +67,10 @@ class _StandInModule(types.ModuleType):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._strict:
-            raise RuntimeError(f"{self.__name__} was called, but only a CPU stand-in is installed; this code "
-                               "path needs the real CUDA/AMX kernel package")
+            raise RuntimeError(
+                f"{self.__name__} was called, but only a CPU stand-in is installed; this code "
+                "path needs the real CUDA/AMX kernel package"
+            )
         return args[0] if len(args) == 1 and callable(args[0]) else self  # decorators pass through
 
 
@@ -76,7 +78,9 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, packages: dict[str, bool]) -> None:
         self.packages = packages  # top-level name -> strict
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname.split(".")[0] in self.packages:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None

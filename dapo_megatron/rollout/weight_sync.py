@@ -66,15 +66,18 @@ class SyncStats:
     buckets: int
 
 
-def iter_hf_tensors(model: torch.nn.Module, cfg: ModelConfig,
-                    layout: ParallelLayout) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_tensors(
+    model: torch.nn.Module, cfg: ModelConfig, layout: ParallelLayout
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) for this pipeline stage's parameters. Collective over the TP group; every
     TP rank gets the tensors, the caller decides who sends them."""
     for name, tensor in iter_full_tensors(model, cfg, layout):
         yield from hf_mapping.megatron_to_hf(name, tensor, cfg)
 
 
-def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(
+    named: Iterable[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group tensors in order into lists of at most `max_bytes` (a larger tensor travels alone)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
@@ -93,7 +96,9 @@ def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
 
-def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Tensor | None = None) -> dict[str, Any]:
+def flatten_bucket(
+    bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Tensor | None = None
+) -> dict[str, Any]:
     """SGLang's flattened-bucket payload: one uint8 buffer plus per-tensor metadata.
 
     The tensors are copied once, into `staging` when it is given and large enough (a persistent shared-memory
@@ -105,14 +110,25 @@ def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Te
     if staging is not None and staging.numel() >= total:
         flat = staging[:total]
     else:
-        flat = shared_buffer(total) if bucket[0][1].device.type == "cpu" else \
-            torch.empty(total, dtype=torch.uint8, device=bucket[0][1].device)
+        flat = (
+            shared_buffer(total)
+            if bucket[0][1].device.type == "cpu"
+            else torch.empty(total, dtype=torch.uint8, device=bucket[0][1].device)
+        )
     metadata, start = [], 0
     for name, tensor in bucket:
         raw = tensor.detach().contiguous().view(-1).view(torch.uint8)
-        flat[start:start + raw.numel()].copy_(raw)
-        metadata.append(FlattenedTensorMetadata(name=name, shape=tensor.shape, dtype=tensor.dtype,
-                                                start_idx=start, end_idx=start + raw.numel(), numel=raw.numel()))
+        flat[start : start + raw.numel()].copy_(raw)
+        metadata.append(
+            FlattenedTensorMetadata(
+                name=name,
+                shape=tensor.shape,
+                dtype=tensor.dtype,
+                start_idx=start,
+                end_idx=start + raw.numel(),
+                numel=raw.numel(),
+            )
+        )
         start += raw.numel()
     return {"flattened_tensor": flat, "metadata": metadata}
 
@@ -120,8 +136,10 @@ def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Te
 def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """The tensors of a `flatten_bucket` payload, as views of its buffer."""
     flat = payload["flattened_tensor"]
-    return [(meta.name, flat[meta.start_idx:meta.end_idx].view(meta.dtype).view(meta.shape))
-            for meta in payload["metadata"]]
+    return [
+        (meta.name, flat[meta.start_idx : meta.end_idx].view(meta.dtype).view(meta.shape))
+        for meta in payload["metadata"]
+    ]
 
 
 def shared_buffer(nbytes: int) -> torch.Tensor:
@@ -170,9 +188,17 @@ class WeightSync:
     relays = False
     """Whether engines are pushed by their own rank (True) or all by each stage's sender (False)."""
 
-    def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
-                 engine_owners: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        model_cfg: ModelConfig,
+        layout: ParallelLayout,
+        *,
+        bucket_bytes: int,
+        engine_tp_size: int = 1,
+        timeout_s: float = 600.0,
+        engine_owners: Sequence[int] | None = None,
+    ) -> None:
         self.urls = list(engine_urls)
         self.cfg, self.layout = model_cfg, layout
         self.bucket_bytes = bucket_bytes
@@ -207,7 +233,9 @@ class WeightSync:
                     direct.append(url)
             # Every rank creates every group, in the same order, members or not (torch.distributed's rule).
             group = torch.distributed.new_group([sender, *sorted(relayed)]) if relayed else None
-            routes.append(StageRoute(stage, sender, tuple(direct), {r: tuple(u) for r, u in relayed.items()}, group))
+            routes.append(
+                StageRoute(stage, sender, tuple(direct), {r: tuple(u) for r, u in relayed.items()}, group)
+            )
         return routes
 
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
@@ -230,8 +258,12 @@ class WeightSync:
             raise WeightSyncError(self._error)
         if int(failed):
             raise WeightSyncError("another rank failed to push its weights to the engine (see its log)")
-        return SyncStats(version=version, seconds=time.perf_counter() - started, bytes=self._sent_bytes,
-                         buckets=self._sent_buckets)
+        return SyncStats(
+            version=version,
+            seconds=time.perf_counter() - started,
+            bytes=self._sent_bytes,
+            buckets=self._sent_buckets,
+        )
 
     def _sync_stage(self, model: torch.nn.Module, route: StageRoute, version: str) -> None:
         rank = self.layout.rank
@@ -260,8 +292,9 @@ class WeightSync:
         if rank == route.sender or (receives and gathers):  # a receiver outside the stage read it in the loop
             self._relay(route, None)  # the end marker
 
-    def _set_aside(self, named: Iterator[tuple[str, torch.Tensor]],
-                   into: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _set_aside(
+        self, named: Iterator[tuple[str, torch.Tensor]], into: list[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Move the tensors that need no copy into `into` and yield the rest (by default: none, all of them)."""
         return named
 
@@ -294,8 +327,9 @@ class WeightSync:
         except WeightSyncError as failure:
             self._error = str(failure)
         else:
-            self._sent_bytes += payload["flattened_tensor"].numel() if isinstance(payload, dict) \
-                else bucket_nbytes(payload)
+            self._sent_bytes += (
+                payload["flattened_tensor"].numel() if isinstance(payload, dict) else bucket_nbytes(payload)
+            )
             self._sent_buckets += 1
 
     def close(self) -> None:
@@ -328,15 +362,30 @@ class TensorWeightSync(WeightSync):
 
     relays = True
 
-    def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
-                 engine_owners: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        model_cfg: ModelConfig,
+        layout: ParallelLayout,
+        *,
+        bucket_bytes: int,
+        engine_tp_size: int = 1,
+        timeout_s: float = 600.0,
+        engine_owners: Sequence[int] | None = None,
+    ) -> None:
         if layout.device.type == "cpu":
             # The default strategy passes file descriptors, which only processes sharing our multiprocessing
             # authkey can receive; SGLang's scheduler fails to unpickle them and crashes.
             torch.multiprocessing.set_sharing_strategy("file_system")
-        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
-                         timeout_s=timeout_s, engine_owners=engine_owners)
+        super().__init__(
+            engine_urls,
+            model_cfg,
+            layout,
+            bucket_bytes=bucket_bytes,
+            engine_tp_size=engine_tp_size,
+            timeout_s=timeout_s,
+            engine_owners=engine_owners,
+        )
 
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
         if self.layout.device.type == "cpu":
@@ -350,8 +399,9 @@ class TensorWeightSync(WeightSync):
                     param.data.share_memory_()
         return super().sync(model, version)
 
-    def _set_aside(self, named: Iterator[tuple[str, torch.Tensor]],
-                   into: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _set_aside(
+        self, named: Iterator[tuple[str, torch.Tensor]], into: list[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in named:
             if tensor.device.type == "cpu" and tensor.untyped_storage().is_shared():
                 into.append((name, tensor))
@@ -371,30 +421,61 @@ class TensorWeightSync(WeightSync):
             if isinstance(payload, dict):
                 payload = named_views(payload)
             load_format = cpu_weight_loader.LOAD_FORMAT
-        push_bucket(urls, payload, version=version, engine_tp_size=self.engine_tp_size, timeout_s=self.timeout_s,
-                    load_format=load_format)
+        push_bucket(
+            urls,
+            payload,
+            version=version,
+            engine_tp_size=self.engine_tp_size,
+            timeout_s=self.timeout_s,
+            load_format=load_format,
+        )
 
 
 class DistributedWeightSync(WeightSync):
     """`update_weights_from_distributed`: each sending rank (one per pipeline stage) broadcasts its buckets to
     every engine over its own `UpdateGroup`, opened here once and closed by `close()`."""
 
-    def __init__(self, engine_urls: Sequence[str], model_cfg: ModelConfig, layout: ParallelLayout, *,
-                 bucket_bytes: int, engine_tp_size: int = 1, timeout_s: float = 600.0,
-                 engine_owners: Sequence[int] | None = None) -> None:
-        super().__init__(engine_urls, model_cfg, layout, bucket_bytes=bucket_bytes, engine_tp_size=engine_tp_size,
-                         timeout_s=timeout_s, engine_owners=engine_owners)
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        model_cfg: ModelConfig,
+        layout: ParallelLayout,
+        *,
+        bucket_bytes: int,
+        engine_tp_size: int = 1,
+        timeout_s: float = 600.0,
+        engine_owners: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__(
+            engine_urls,
+            model_cfg,
+            layout,
+            bucket_bytes=bucket_bytes,
+            engine_tp_size=engine_tp_size,
+            timeout_s=timeout_s,
+            engine_owners=engine_owners,
+        )
         # SGLang broadcasts from group rank 0 only, so a group has exactly one trainer rank: one group per
         # stage, named apart because the engine holds them all at once.
-        self.group = UpdateGroup(self.urls, name=f"dapo-weight-sync-pp{layout.pp_rank}", engine_tp_size=engine_tp_size,
-                                 timeout_s=timeout_s) if self.is_sender else None
+        self.group = (
+            UpdateGroup(
+                self.urls,
+                name=f"dapo-weight-sync-pp{layout.pp_rank}",
+                engine_tp_size=engine_tp_size,
+                timeout_s=timeout_s,
+            )
+            if self.is_sender
+            else None
+        )
 
     def _staging_for(self, nbytes: int) -> torch.Tensor | None:
         # Private host memory: the bucket leaves through a socket, and /dev/shm is often small in containers.
         return self._host_staging(nbytes, lambda size: torch.empty(size, dtype=torch.uint8))
 
     def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
-        assert self.group is not None and isinstance(payload, dict), "only sending ranks push, flattened buckets"
+        assert self.group is not None and isinstance(payload, dict), (
+            "only sending ranks push, flattened buckets"
+        )
         self.group.push(payload, version=version)
 
     def close(self) -> None:
@@ -421,7 +502,9 @@ class UpdateGroup:
     communicator on one device.
     """
 
-    def __init__(self, engine_urls: Sequence[str], *, name: str, engine_tp_size: int, timeout_s: float) -> None:
+    def __init__(
+        self, engine_urls: Sequence[str], *, name: str, engine_tp_size: int, timeout_s: float
+    ) -> None:
         from sglang.srt.utils.common import init_custom_process_group
 
         self.urls, self.name, self.timeout_s = list(engine_urls), name, timeout_s
@@ -430,21 +513,42 @@ class UpdateGroup:
         host = address_towards(urlsplit(self.urls[0]).hostname or "127.0.0.1")
         world_size = 1 + len(self.urls) * engine_tp_size
         # Port 0: the OS picks a free one. Not waiting for the engines here: gloo's connection set-up below does.
-        store = torch.distributed.TCPStore(host, 0, world_size, is_master=True, timeout=timeout,
-                                           wait_for_workers=False)
+        store = torch.distributed.TCPStore(
+            host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
         # Each engine's request returns once its ranks have joined, which needs our end of the group.
-        answers = [self._pool.submit(post_all, [url], "/init_weights_update_group", {
-            "master_address": host, "master_port": store.port, "rank_offset": 1 + i * engine_tp_size,
-            "world_size": world_size, "group_name": name, "backend": "gloo"}, timeout_s=timeout_s)
-            for i, url in enumerate(self.urls)]
+        answers = [
+            self._pool.submit(
+                post_all,
+                [url],
+                "/init_weights_update_group",
+                {
+                    "master_address": host,
+                    "master_port": store.port,
+                    "rank_offset": 1 + i * engine_tp_size,
+                    "world_size": world_size,
+                    "group_name": name,
+                    "backend": "gloo",
+                },
+                timeout_s=timeout_s,
+            )
+            for i, url in enumerate(self.urls)
+        ]
         try:
             self.group: torch.distributed.ProcessGroup | None = init_custom_process_group(
-                backend="gloo", store=torch.distributed.PrefixStore(name, store), world_size=world_size, rank=0,
-                group_name=name, timeout=timeout)
+                backend="gloo",
+                store=torch.distributed.PrefixStore(name, store),
+                world_size=world_size,
+                rank=0,
+                group_name=name,
+                timeout=timeout,
+            )
         except Exception as failure:
             refusals = [str(a.exception()) for a in answers if a.done() and a.exception() is not None]
-            raise WeightSyncError(f"could not open the weight-update group {name!r} with {self.urls}: {failure}; "
-                                  f"engine answers: {refusals or 'none yet'}") from failure
+            raise WeightSyncError(
+                f"could not open the weight-update group {name!r} with {self.urls}: {failure}; "
+                f"engine answers: {refusals or 'none yet'}"
+            ) from failure
         _results(answers)
 
     def push(self, payload: dict[str, Any], *, version: str) -> None:
@@ -452,14 +556,28 @@ class UpdateGroup:
         for a `flatten_bucket` payload, answered after the engine has received it from our broadcast and
         loaded it."""
         if self.group is None:
-            raise WeightSyncError(f"the weight-update group {self.name!r} is closed, or broken by an earlier failure")
+            raise WeightSyncError(
+                f"the weight-update group {self.name!r} is closed, or broken by an earlier failure"
+            )
         metadata = payload["metadata"]
-        body = {"names": [m.name for m in metadata], "dtypes": [str(m.dtype).removeprefix("torch.") for m in metadata],
-                "shapes": [list(m.shape) for m in metadata], "group_name": self.name,
-                "load_format": "flattened_bucket", "flush_cache": True, "weight_version": version}
-        answers = [self._pool.submit(post_all, [url], "/update_weights_from_distributed", body,
-                                     timeout_s=self.timeout_s) for url in self.urls]
-        sent = torch.distributed.broadcast(payload["flattened_tensor"], group=self.group, group_src=0, async_op=True)
+        body = {
+            "names": [m.name for m in metadata],
+            "dtypes": [str(m.dtype).removeprefix("torch.") for m in metadata],
+            "shapes": [list(m.shape) for m in metadata],
+            "group_name": self.name,
+            "load_format": "flattened_bucket",
+            "flush_cache": True,
+            "weight_version": version,
+        }
+        answers = [
+            self._pool.submit(
+                post_all, [url], "/update_weights_from_distributed", body, timeout_s=self.timeout_s
+            )
+            for url in self.urls
+        ]
+        sent = torch.distributed.broadcast(
+            payload["flattened_tensor"], group=self.group, group_src=0, async_op=True
+        )
         # An engine that refuses the request (no session, a dtype it cannot build) never joins the broadcast:
         # its answer is the only news, so wait on the answers and fail on the first refusal.
         try:
@@ -479,8 +597,12 @@ class UpdateGroup:
         if group is None:
             return
         with contextlib.suppress(WeightSyncError):
-            post_all(self.urls, "/destroy_weights_update_group", {"group_name": self.name},
-                     timeout_s=min(self.timeout_s, 30.0))
+            post_all(
+                self.urls,
+                "/destroy_weights_update_group",
+                {"group_name": self.name},
+                timeout_s=min(self.timeout_s, 30.0),
+            )
         torch.distributed.destroy_process_group(group)
 
 
@@ -491,8 +613,15 @@ def _results(answers: Sequence[Future[None]]) -> None:
         answer.result()
 
 
-def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_tp_size: int,
-                timeout_s: float, load_format: str | None = None) -> None:
+def push_bucket(
+    urls: Sequence[str],
+    payload: Payload,
+    *,
+    version: str,
+    engine_tp_size: int,
+    timeout_s: float,
+    load_format: str | None = None,
+) -> None:
     """One `update_weights_from_tensor` call per engine (inside a begin/end weight-update session) for a
     `flatten_bucket` payload or a list of named shared-memory / CUDA tensors; when it returns the engines
     have copied it and the buffer is free again. `load_format` names the engine's loader for a list (None:
@@ -503,10 +632,17 @@ def push_bucket(urls: Sequence[str], payload: Payload, *, version: str, engine_t
         # receiver gives back; one pickle read by two processes gives back two, and the second unlinks the
         # buffer under us, and the next sync cannot open it.
         serialized = [serialize(payload) for _ in range(engine_tp_size)]
-        post_all([url], "/update_weights_from_tensor", {
-            "serialized_named_tensors": serialized,
-            "load_format": "flattened_bucket" if isinstance(payload, dict) else load_format, "flush_cache": True,
-            "weight_version": version}, timeout_s=timeout_s)
+        post_all(
+            [url],
+            "/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": serialized,
+                "load_format": "flattened_bucket" if isinstance(payload, dict) else load_format,
+                "flush_cache": True,
+                "weight_version": version,
+            },
+            timeout_s=timeout_s,
+        )
 
 
 def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s: float) -> None:
@@ -519,8 +655,15 @@ def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s:
             raise WeightSyncError(f"POST {url}{path} answered {response.status_code}: {response.text[:500]}")
 
 
-def check_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, mask: torch.Tensor, *,
-               tolerance: float, version: str, engine: str = "the engine") -> float:
+def check_sync(
+    trainer_log_probs: torch.Tensor,
+    engine_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tolerance: float,
+    version: str,
+    engine: str = "the engine",
+) -> float:
     """Largest |engine - trainer| log-prob over `mask`; raises WeightSyncError beyond `tolerance`.
 
     All tensors [n, L]. A weight SGLang silently ignored (a name it does not know) shows up here as a
@@ -531,5 +674,6 @@ def check_sync(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, 
         raise WeightSyncError(
             f"after syncing weight version {version!r}, {engine}'s log-probs differ from the trainer's by "
             f"{diff:.3g} (tolerance {tolerance:g}): a weight was not loaded (unknown tensor name?), or the "
-            "engine and trainer dtypes differ (raise rollout.sync_check_tolerance for bf16)")
+            "engine and trainer dtypes differ (raise rollout.sync_check_tolerance for bf16)"
+        )
     return diff

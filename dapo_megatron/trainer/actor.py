@@ -48,15 +48,31 @@ def dapo_loss_fn(algo: AlgoConfig, layout: ParallelLayout, *, vocab_size: int, t
     """The per-micro-batch DAPO loss over vocab-parallel logits [batch, seq, V/tp]."""
     group = layout.tp_group if layout.tp_size > 1 else None
 
-    def loss_fn(mb: PolicyMicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def loss_fn(
+        mb: PolicyMicroBatch, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         log_prob, entropy = vocab_parallel_logprobs(
-            logits, mb.labels, temperature=temperature, vocab_size=vocab_size, process_group=group,
-            chunk_size=algo.logprob_chunk_size, compute_entropy=True)
+            logits,
+            mb.labels,
+            temperature=temperature,
+            vocab_size=vocab_size,
+            process_group=group,
+            chunk_size=algo.logprob_chunk_size,
+            compute_entropy=True,
+        )
         old_log_prob = log_prob.detach() if mb.old_log_prob is None else mb.old_log_prob
         # Normalisers of 1 turn every aggregation into a sum; megatron-core divides by the global count.
         loss_sum, metrics = compute_actor_loss(
-            log_prob, old_log_prob, mb.advantages, mb.loss_mask, algo, entropy=entropy,
-            rollout_log_prob=mb.rollout_log_prob, num_tokens=1, num_sequences=1)
+            log_prob,
+            old_log_prob,
+            mb.advantages,
+            mb.loss_mask,
+            algo,
+            entropy=entropy,
+            rollout_log_prob=mb.rollout_log_prob,
+            num_tokens=1,
+            num_sequences=1,
+        )
         units = loss_units(mb.loss_mask, algo.loss_agg_mode)
         report = {name: value.detach().float() for name, value in metrics.items()}
         report["loss_sum"] = loss_sum.detach().float()
@@ -102,8 +118,17 @@ def _same_on_all_ranks(names: list[str]) -> list[str]:
 class Actor:
     """Owns the trainable policy chunk, its optimizer and LR schedule."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, algo: AlgoConfig,
-                 layout: ParallelLayout, *, vocab_size: int, temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        algo: AlgoConfig,
+        layout: ParallelLayout,
+        *,
+        vocab_size: int,
+        temperature: float = 1.0,
+    ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.algo, self.layout = algo, layout
         self.vocab_size, self.temperature = vocab_size, temperature
@@ -119,8 +144,9 @@ class Actor:
         return run_schedule(self.model, micro, self.loss_fn, forward_only=False, with_labels=False)
 
     @torch.no_grad()
-    def compute_log_probs(self, rows: PolicyRows, micro_batch_size: int | Sequence[int], *,
-                          temperature: float | None = None) -> torch.Tensor:
+    def compute_log_probs(
+        self, rows: PolicyRows, micro_batch_size: int | Sequence[int], *, temperature: float | None = None
+    ) -> torch.Tensor:
         """log pi(label) under the current weights for every label position: [n, L - 1], zero outside
         `response_mask`, identical on every rank of this replica (the last stage computes it and
         broadcasts it along the pipeline). Used for the old-policy log-probs (at the sampling
@@ -128,19 +154,29 @@ class Actor:
         group = self.layout.tp_group if self.layout.tp_size > 1 else None
         temperature = self.temperature if temperature is None else temperature
 
-        def keep(mb: PolicyMicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        def keep(
+            mb: PolicyMicroBatch, logits: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             log_prob, _ = vocab_parallel_logprobs(
-                logits, mb.labels, temperature=temperature, vocab_size=self.vocab_size, process_group=group,
-                chunk_size=self.algo.logprob_chunk_size, compute_entropy=False)
+                logits,
+                mb.labels,
+                temperature=temperature,
+                vocab_size=self.vocab_size,
+                process_group=group,
+                chunk_size=self.algo.logprob_chunk_size,
+                compute_entropy=False,
+            )
             return log_prob.sum(), torch.ones((), dtype=torch.int), {"log_prob": log_prob * mb.loss_mask}
 
         sizes = micro_batch_sizes(len(rows), micro_batch_size)
-        reports = run_schedule(self.model, rows.micro_batches(sizes), keep, forward_only=True, with_labels=False)
+        reports = run_schedule(
+            self.model, rows.micro_batches(sizes), keep, forward_only=True, with_labels=False
+        )
         out = torch.zeros(rows.response_mask.shape, dtype=torch.float32)
         if self.layout.is_last_stage:
             start = 0
             for size, report in zip(sizes, reports, strict=True):
-                out[start:start + size, :report["log_prob"].shape[1]] = report["log_prob"][:size]
+                out[start : start + size, : report["log_prob"].shape[1]] = report["log_prob"][:size]
                 start += size
         if self.layout.pp_size > 1:
             torch.distributed.broadcast(out, src=self.layout.pp_last_rank, group=self.layout.pp_group)
@@ -148,8 +184,12 @@ class Actor:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's optimizer, LR schedule and RNG states: with the model, an exact resume point."""
-        return {"optimizer": self.optimizer.state_dict(), "optimizer_parameter_state": parameter_state(self.optimizer),
-                "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "optimizer_parameter_state": parameter_state(self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_optimizer_state(self.optimizer, state["optimizer"])
@@ -163,7 +203,9 @@ class Actor:
         self.scheduler.step(1)
         update_ok, grad_norm, _ = self.optimizer.step()
         if not update_ok:
-            raise FloatingPointError("the optimizer skipped the step: non-finite gradients (see the loss metrics)")
+            raise FloatingPointError(
+                "the optimizer skipped the step: non-finite gradients (see the loss metrics)"
+            )
         metrics = reduce_reports(reports, self.layout)
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -171,8 +213,12 @@ class Actor:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

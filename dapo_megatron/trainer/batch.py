@@ -27,31 +27,42 @@ def policy_lag(groups: Sequence[ScoredGroup], trained_step: int) -> dict[str, fl
     if not versions or not all(v.isdigit() for v in versions):
         return {}
     lags = [trained_step - int(v) for v in versions]
-    return {"rollout/policy_lag_mean": sum(lags) / len(lags), "rollout/policy_lag_min": float(min(lags)),
-            "rollout/policy_lag_max": float(max(lags))}
+    return {
+        "rollout/policy_lag_mean": sum(lags) / len(lags),
+        "rollout/policy_lag_min": float(min(lags)),
+        "rollout/policy_lag_max": float(max(lags)),
+    }
 
 
-def shaped_rewards(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int) -> torch.Tensor:
+def shaped_rewards(
+    groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int
+) -> torch.Tensor:
     """[n] score + overlong penalty (when enabled), in the order of the groups' samples."""
     rewards = []
     for group in groups:
         for sample in group.samples:
             reward = sample.score
             if algo.overlong_buffer_enable:
-                reward += overlong_penalty(len(sample.output_ids), max_response_length=max_response_length,
-                                           buffer_length=algo.overlong_buffer_length,
-                                           penalty_factor=algo.overlong_penalty_factor)
+                reward += overlong_penalty(
+                    len(sample.output_ids),
+                    max_response_length=max_response_length,
+                    buffer_length=algo.overlong_buffer_length,
+                    penalty_factor=algo.overlong_penalty_factor,
+                )
             rewards.append(reward)
     return torch.tensor(rewards, dtype=torch.float32)
 
 
-def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int,
-               pad_token_id: int) -> tuple[PolicyRows, dict[str, float]]:
+def build_rows(
+    groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int, pad_token_id: int
+) -> tuple[PolicyRows, dict[str, float]]:
     """PolicyRows for every sample of `groups` (group-major order) and reward metrics."""
     samples = [s for g in groups for s in g.samples]
     rewards = shaped_rewards(groups, algo, max_response_length=max_response_length)
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
-    advantages = compute_grpo_advantages(rewards, group_ids, eps=algo.adv_eps, norm_by_std=algo.norm_adv_by_std)
+    advantages = compute_grpo_advantages(
+        rewards, group_ids, eps=algo.adv_eps, norm_by_std=algo.norm_adv_by_std
+    )
 
     width = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)
     tokens = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
@@ -59,11 +70,11 @@ def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_
     rollout_log_prob = torch.zeros(len(samples), width - 1)
     for row, sample in enumerate(samples):
         prompt, output = len(sample.prompt_ids), len(sample.output_ids)
-        tokens[row, :prompt + output] = torch.tensor(sample.prompt_ids + sample.output_ids)
+        tokens[row, : prompt + output] = torch.tensor(sample.prompt_ids + sample.output_ids)
         # Label position t scores token t + 1: the response occupies label positions prompt-1 .. prompt+output-2.
         truncated = algo.overlong_filter and sample.finish_reason == "length"
-        mask[row, prompt - 1:prompt - 1 + output] = 0.0 if truncated else 1.0
-        rollout_log_prob[row, prompt - 1:prompt - 1 + output] = torch.tensor(sample.rollout_log_probs)
+        mask[row, prompt - 1 : prompt - 1 + output] = 0.0 if truncated else 1.0
+        rollout_log_prob[row, prompt - 1 : prompt - 1 + output] = torch.tensor(sample.rollout_log_probs)
     lengths = torch.tensor([len(s.output_ids) for s in samples], dtype=torch.float32)
     metrics = {
         "rollout/score": float(torch.tensor([s.score for s in samples]).mean()),
@@ -75,7 +86,9 @@ def build_rows(groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_
         "rollout/advantage_abs": float(advantages.abs().mean()),
         "rollout/total_tokens": float(sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)),
     }
-    rows = PolicyRows(tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob)
+    rows = PolicyRows(
+        tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob
+    )
     return rows, metrics
 
 
@@ -84,16 +97,21 @@ def near_equal_slice(n: int, parts: int, index: int) -> slice:
     return slice(n * index // parts, n * (index + 1) // parts)
 
 
-def split_rows(rows: PolicyRows, parts: int, index: int, trainer: TrainerConfig, *, multiple: int = 1) -> RankShare:
+def split_rows(
+    rows: PolicyRows, parts: int, index: int, trainer: TrainerConfig, *, multiple: int = 1
+) -> RankShare:
     """Data-parallel rank `index` of `parts`: its share of `rows` in training order and its micro-batches
     (`plan_rank`; `multiple`: the model's sequence padding multiple, `models/sequence_padding.py`)."""
     plan = plan_rank(rows.widths().tolist(), parts, index, trainer, multiple=multiple)
     order = [row for step in plan for mb in step for row in mb]
-    return RankShare(rows.subset(torch.tensor(order, dtype=torch.long)), [[len(mb) for mb in step] for step in plan])
+    return RankShare(
+        rows.subset(torch.tensor(order, dtype=torch.long)), [[len(mb) for mb in step] for step in plan]
+    )
 
 
-def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerConfig, *,
-              multiple: int = 1) -> list[list[list[int]]]:
+def plan_rank(
+    widths: Sequence[int], parts: int, index: int, trainer: TrainerConfig, *, multiple: int = 1
+) -> list[list[list[int]]]:
     """[optimizer step][micro-batch] -> row indices of data-parallel rank `index` of `parts`, for rows of
     `widths` (label positions each row needs).
 
@@ -112,8 +130,12 @@ def plan_rank(widths: Sequence[int], parts: int, index: int, trainer: TrainerCon
         members = [list(mine[near_equal_slice(len(mine), steps, step)]) for mine in ranks]
         if trainer.max_tokens_per_micro_batch:
             pool = [row for mine in members for row in mine]
-            micro = token_budget_plan([widths[row] for row in pool], ranks=parts,
-                                      max_tokens=trainer.max_tokens_per_micro_batch, multiple=multiple)[index]
+            micro = token_budget_plan(
+                [widths[row] for row in pool],
+                ranks=parts,
+                max_tokens=trainer.max_tokens_per_micro_batch,
+                multiple=multiple,
+            )[index]
             plan.append([[pool[i] for i in mb] for mb in micro])
         else:
             plan.append(fixed_size_plan(members, trainer.micro_batch_size)[index])

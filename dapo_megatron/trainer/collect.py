@@ -56,9 +56,18 @@ class _Stats:
 
 
 class RolloutManager:
-    def __init__(self, client: RolloutClient, rewards: RewardPool, prompts: PromptSource, *,
-                 rollout: RolloutConfig, trainer: TrainerConfig, decode: Callable[[list[int]], str],
-                 stop_token_ids: Sequence[int], progress: bool) -> None:
+    def __init__(
+        self,
+        client: RolloutClient,
+        rewards: RewardPool,
+        prompts: PromptSource,
+        *,
+        rollout: RolloutConfig,
+        trainer: TrainerConfig,
+        decode: Callable[[list[int]], str],
+        stop_token_ids: Sequence[int],
+        progress: bool,
+    ) -> None:
         self.client, self.rewards, self.prompts = client, rewards, prompts
         self.rollout, self.trainer = rollout, trainer
         self.decode, self.stop_token_ids, self.progress = decode, list(stop_token_ids), progress
@@ -96,26 +105,31 @@ class RolloutManager:
         if self._cancelled.is_set():
             raise CollectCancelled(f"collection cancelled after {stats.prompts} prompts")
         if not collector.full:
-            message = (f"dynamic sampling collected {len(collector.kept)} of {size} informative groups from "
-                       f"{stats.prompts} prompts in {rounds} generation rounds (kept "
-                       f"{collector.metrics()['keep_ratio']:.0%} of the groups): the prompts are too easy or too "
-                       "hard for the policy. Raise trainer.max_gen_rounds or trainer.gen_batch_size, change the "
-                       "data, or set trainer.on_unfilled_batch=train")
+            message = (
+                f"dynamic sampling collected {len(collector.kept)} of {size} informative groups from "
+                f"{stats.prompts} prompts in {rounds} generation rounds (kept "
+                f"{collector.metrics()['keep_ratio']:.0%} of the groups): the prompts are too easy or too "
+                "hard for the policy. Raise trainer.max_gen_rounds or trainer.gen_batch_size, change the "
+                "data, or set trainer.on_unfilled_batch=train"
+            )
             if trainer.on_unfilled_batch == "error" or not collector.kept:
                 raise UnfilledBatchError(message)
         groups = [drawn.group for drawn in collector.kept if drawn.group is not None]
         metrics = {f"dynamic_sampling/{k}": float(v) for k, v in collector.metrics().items()}
-        metrics.update({
-            "dynamic_sampling/gen_rounds": float(rounds),
-            "dynamic_sampling/samples_per_kept": stats.generated / max(sum(len(g.samples) for g in groups), 1),
-            "dynamic_sampling/backlog_groups": float(sum(d.group is not None for d in self.backlog)),
-            "dynamic_sampling/backlog_prompts": float(len(self.backlog)),
-            "dynamic_sampling/skipped_prompts": float(stats.skipped),
-            "rollout/aborted_samples": float(stats.aborted),
-            "reward/timeouts": float(stats.reward_status["timeout"]),
-            "reward/errors": float(stats.reward_status["error"]),
-            "timing_s/gen": time.perf_counter() - started,
-        })
+        metrics.update(
+            {
+                "dynamic_sampling/gen_rounds": float(rounds),
+                "dynamic_sampling/samples_per_kept": stats.generated
+                / max(sum(len(g.samples) for g in groups), 1),
+                "dynamic_sampling/backlog_groups": float(sum(d.group is not None for d in self.backlog)),
+                "dynamic_sampling/backlog_prompts": float(len(self.backlog)),
+                "dynamic_sampling/skipped_prompts": float(stats.skipped),
+                "rollout/aborted_samples": float(stats.aborted),
+                "reward/timeouts": float(stats.reward_status["timeout"]),
+                "reward/errors": float(stats.reward_status["error"]),
+                "timing_s/gen": time.perf_counter() - started,
+            }
+        )
         return groups, metrics
 
     def _fill_streaming(self, collector: BatchCollector[Drawn], stats: _Stats) -> None:
@@ -127,14 +141,23 @@ class RolloutManager:
                 regenerate.append((index, drawn.prompt))
             else:
                 collector.carry_in(index, drawn)
-        fresh = self._draw(trainer.max_gen_rounds * trainer.gen_batch_size - len(regenerate), start=len(self.backlog))
-        not_generated = dict(regenerate) if collector.full else self._stream(
-            itertools.chain(regenerate, fresh), stats, lambda index, drawn: collector.offer(index, drawn, drawn.accuracies),
-            stop=lambda: collector.full)
+        fresh = self._draw(
+            trainer.max_gen_rounds * trainer.gen_batch_size - len(regenerate), start=len(self.backlog)
+        )
+        not_generated = (
+            dict(regenerate)
+            if collector.full
+            else self._stream(
+                itertools.chain(regenerate, fresh),
+                stats,
+                lambda index, drawn: collector.offer(index, drawn, drawn.accuracies),
+                stop=lambda: collector.full,
+            )
+        )
         unresolved = self._unresolved(collector.leftover(), not_generated)
         # Without carry-over nothing is kept, as in verl; past max_carry_groups the rest is skipped. Both cut by
         # position, never by what finished.
-        self.backlog = unresolved[:trainer.max_carry_groups] if trainer.carry_over else []
+        self.backlog = unresolved[: trainer.max_carry_groups] if trainer.carry_over else []
         stats.skipped = len(unresolved) - len(self.backlog)
 
     def _fill_batch_sync(self, collector: BatchCollector[Drawn], stats: _Stats) -> None:
@@ -142,8 +165,11 @@ class RolloutManager:
         what does not fit."""
         numbered = self._draw(self.trainer.max_gen_rounds * self.trainer.gen_batch_size)
         for _ in range(self.trainer.max_gen_rounds):
-            self._stream(itertools.islice(numbered, self.trainer.gen_batch_size), stats,
-                         lambda index, drawn: collector.offer(index, drawn, drawn.accuracies))
+            self._stream(
+                itertools.islice(numbered, self.trainer.gen_batch_size),
+                stats,
+                lambda index, drawn: collector.offer(index, drawn, drawn.accuracies),
+            )
             if collector.full:
                 return
 
@@ -155,11 +181,19 @@ class RolloutManager:
     def _unresolved(leftover: dict[int, Drawn | None], aborted: dict[int, Prompt]) -> list[Drawn]:
         """The prompts drawn past a full batch that still count, in draw order: informative groups that
         finished (carried over) and aborted prompts (generated again)."""
-        entries = {**{i: d for i, d in leftover.items() if d is not None}, **{i: Drawn(p) for i, p in aborted.items()}}
+        entries = {
+            **{i: d for i, d in leftover.items() if d is not None},
+            **{i: Drawn(p) for i, p in aborted.items()},
+        }
         return [entries[i] for i in sorted(entries)]
 
-    def _stream(self, prompts: Iterable[tuple[int, Prompt]], stats: _Stats, on_group: Callable[[int, Drawn], Any],
-                stop: Callable[[], bool] = lambda: False) -> dict[int, Prompt]:
+    def _stream(
+        self,
+        prompts: Iterable[tuple[int, Prompt]],
+        stats: _Stats,
+        on_group: Callable[[int, Drawn], Any],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> dict[int, Prompt]:
         """Generate the numbered prompts, score each group as it completes and hand it to `on_group` with its
         number; once `stop()` holds, abort what is in flight. Returns the prompts whose groups were aborted
         (counted as generated, never trained on)."""
@@ -181,8 +215,13 @@ class RolloutManager:
         aborting = False
         n = self.rollout.n_samples_per_prompt
         for index, samples in self.client.stream_groups(
-                submit(), n=n, stop_token_ids=self.stop_token_ids, progress=self.progress, progress_total=None,
-                group_seed=group_seed if self.rollout.deterministic else None):
+            submit(),
+            n=n,
+            stop_token_ids=self.stop_token_ids,
+            progress=self.progress,
+            progress_total=None,
+            group_seed=group_seed if self.rollout.deterministic else None,
+        ):
             prompt = pending.pop(index)
             stats.generated += len(samples)
             if any(s.finish_reason == "abort" for s in samples):
@@ -196,10 +235,20 @@ class RolloutManager:
         return aborted
 
     def _score(self, prompt: Prompt, samples: Sequence[Sample], stats: _Stats) -> ScoredGroup:
-        results = self.rewards.score([RewardItem(self.decode(s.output_ids), prompt.ground_truth, prompt.data_source)
-                                      for s in samples])
+        results = self.rewards.score(
+            [RewardItem(self.decode(s.output_ids), prompt.ground_truth, prompt.data_source) for s in samples]
+        )
         stats.reward_status.update(r.status for r in results)
-        scored = [ScoredSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
-                               rollout_log_probs=list(s.logprobs), finish_reason=s.finish_reason,
-                               score=r.score, acc=r.acc, weight_version=s.weight_version) for s, r in zip(samples, results, strict=True)]
+        scored = [
+            ScoredSample(
+                prompt_ids=list(s.prompt_ids),
+                output_ids=list(s.output_ids),
+                rollout_log_probs=list(s.logprobs),
+                finish_reason=s.finish_reason,
+                score=r.score,
+                acc=r.acc,
+                weight_version=s.weight_version,
+            )
+            for s, r in zip(samples, results, strict=True)
+        ]
         return ScoredGroup(key=prompt.uid, samples=scored)

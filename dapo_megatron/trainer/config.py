@@ -34,11 +34,15 @@ class OptimConfig:
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr must be in [0, optim.lr={self.lr}]; got {self.min_lr}.")
         if self.lr_warmup_steps is not None:
-            raise ValueError("optim.lr_warmup_steps is gone: set optim.lr_warmup_rollout_steps, which counts rollout "
-                             "steps (the paper: 20; each is trainer.train_batch_size / trainer.ppo_mini_batch_size "
-                             f"optimizer steps); got optim.lr_warmup_steps={self.lr_warmup_steps}.")
+            raise ValueError(
+                "optim.lr_warmup_steps is gone: set optim.lr_warmup_rollout_steps, which counts rollout "
+                "steps (the paper: 20; each is trainer.train_batch_size / trainer.ppo_mini_batch_size "
+                f"optimizer steps); got optim.lr_warmup_steps={self.lr_warmup_steps}."
+            )
         if self.lr_warmup_rollout_steps < 0:
-            raise ValueError(f"optim.lr_warmup_rollout_steps must be >= 0; got {self.lr_warmup_rollout_steps}.")
+            raise ValueError(
+                f"optim.lr_warmup_rollout_steps must be >= 0; got {self.lr_warmup_rollout_steps}."
+            )
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0; got {self.weight_decay}.")
         for name in ("adam_beta1", "adam_beta2"):
@@ -86,8 +90,10 @@ class WarmupConfig:
         if self.eval_mode not in WARMUP_EVAL_MODES:
             raise ValueError(f"warmup.eval_mode must be one of {WARMUP_EVAL_MODES}; got {self.eval_mode!r}.")
         if self.batch_size % self.micro_batch_size:
-            raise ValueError(f"warmup.batch_size ({self.batch_size}) must be a multiple of "
-                             f"warmup.micro_batch_size ({self.micro_batch_size}).")
+            raise ValueError(
+                f"warmup.batch_size ({self.batch_size}) must be a multiple of "
+                f"warmup.micro_batch_size ({self.micro_batch_size})."
+            )
         if not 0 < self.target_accuracy <= 1:
             raise ValueError(f"warmup.target_accuracy must be in (0, 1]; got {self.target_accuracy}.")
         if self.lr <= 0:
@@ -174,21 +180,36 @@ class TrainerConfig:
     """With keep_last_checkpoints, also keep every checkpoint whose step is a multiple of N (milestones; 0: none)."""
 
     def __post_init__(self) -> None:
-        for name in ("total_steps", "train_batch_size", "ppo_mini_batch_size", "micro_batch_size",
-                     "gen_batch_size", "max_gen_rounds", "max_carry_groups"):
+        for name in (
+            "total_steps",
+            "train_batch_size",
+            "ppo_mini_batch_size",
+            "micro_batch_size",
+            "gen_batch_size",
+            "max_gen_rounds",
+            "max_carry_groups",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1; got {getattr(self, name)}.")
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 0:
-            raise ValueError("trainer.max_tokens_per_micro_batch must be >= 0 (0 or null: fixed micro_batch_size); "
-                             f"got {self.max_tokens_per_micro_batch}.")
+            raise ValueError(
+                "trainer.max_tokens_per_micro_batch must be >= 0 (0 or null: fixed micro_batch_size); "
+                f"got {self.max_tokens_per_micro_batch}."
+            )
         if self.train_batch_size % self.ppo_mini_batch_size:
-            raise ValueError(f"trainer.train_batch_size ({self.train_batch_size}) must be a multiple of "
-                             f"trainer.ppo_mini_batch_size ({self.ppo_mini_batch_size}).")
+            raise ValueError(
+                f"trainer.train_batch_size ({self.train_batch_size}) must be a multiple of "
+                f"trainer.ppo_mini_batch_size ({self.ppo_mini_batch_size})."
+            )
         if self.dynamic_sampling_mode not in ("streaming", "batch_sync"):
-            raise ValueError("trainer.dynamic_sampling_mode must be streaming or batch_sync; "
-                             f"got {self.dynamic_sampling_mode!r}.")
+            raise ValueError(
+                "trainer.dynamic_sampling_mode must be streaming or batch_sync; "
+                f"got {self.dynamic_sampling_mode!r}."
+            )
         if self.on_unfilled_batch not in ("error", "train"):
-            raise ValueError(f"trainer.on_unfilled_batch must be error or train; got {self.on_unfilled_batch!r}.")
+            raise ValueError(
+                f"trainer.on_unfilled_batch must be error or train; got {self.on_unfilled_batch!r}."
+            )
         for name in ("save_every", "hf_export_every", "keep_last_checkpoints", "keep_checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0; got {getattr(self, name)}.")
@@ -214,8 +235,12 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.num_problems < 1 or self.samples_per_problem < 1:
-            raise ValueError("eval.every must be >= 0, eval.num_problems and eval.samples_per_problem >= 1; got "
-                             f"{self.every}, {self.num_problems}, {self.samples_per_problem}.")
+            raise ValueError(
+                "eval.every must be >= 0, eval.num_problems and eval.samples_per_problem >= 1; got "
+                f"{self.every}, {self.num_problems}, {self.samples_per_problem}."
+            )
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"eval.temperature must be >= 0 and eval.top_p in (0, 1]; got {self.temperature}, "
-                             f"{self.top_p}.")
+            raise ValueError(
+                f"eval.temperature must be >= 0 and eval.top_p in (0, 1]; got {self.temperature}, "
+                f"{self.top_p}."
+            )

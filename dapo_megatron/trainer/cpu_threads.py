@@ -56,8 +56,15 @@ class TrainerThreads:
         self._batch: Future[Any] | None = None
 
     @classmethod
-    def for_job(cls, device_type: str, *, use_idle_cores: bool, ranks_on_node: int,
-                engine: SGLangEngine | None = None, engine_idle_cores: bool = False) -> TrainerThreads:
+    def for_job(
+        cls,
+        device_type: str,
+        *,
+        use_idle_cores: bool,
+        ranks_on_node: int,
+        engine: SGLangEngine | None = None,
+        engine_idle_cores: bool = False,
+    ) -> TrainerThreads:
         """`engine`: the CPU engine this rank launched, if any; with `engine_idle_cores` it computes on the rank's
         share of the cores while the trainer waits for it."""
         started_with = torch.get_num_threads()
@@ -69,8 +76,12 @@ class TrainerThreads:
         beside = started_with if os.environ.get("OMP_NUM_THREADS") else max(1, share - CPU_ENGINE_THREADS)
         engine_side = None
         if engine is not None and engine_idle_cores and share > engine.start_threads:
-            engine_side = EngineThreads(engine.set_cpu_threads, beside_trainer=engine.start_threads, alone=share)
-        return cls(beside_engine=beside, alone=max(beside, share) if use_idle_cores else beside, engine=engine_side)
+            engine_side = EngineThreads(
+                engine.set_cpu_threads, beside_trainer=engine.start_threads, alone=share
+            )
+        return cls(
+            beside_engine=beside, alone=max(beside, share) if use_idle_cores else beside, engine=engine_side
+        )
 
     def engine_generating(self, batch: Future[Any] | None) -> None:
         """The engine now generates `batch` beside the update (None on ranks that do not hold it: they keep to

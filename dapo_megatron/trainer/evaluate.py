@@ -27,9 +27,17 @@ class ProblemOutcome:
     response_lengths: tuple[int, ...]
 
 
-def evaluate(client: RolloutClient, problems: Sequence[Prompt], rewards: RewardPool, cfg: EvalConfig, *,
-             decode: Callable[[list[int]], str], max_new_tokens: int, stop_token_ids: Sequence[int],
-             progress: bool = False) -> dict[str, float]:
+def evaluate(
+    client: RolloutClient,
+    problems: Sequence[Prompt],
+    rewards: RewardPool,
+    cfg: EvalConfig,
+    *,
+    decode: Callable[[list[int]], str],
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int],
+    progress: bool = False,
+) -> dict[str, float]:
     """`eval_metrics` of the problems, plus the time taken. With rollout.deterministic (the client's config)
     sample i of problem j is seeded from (seed, j, uid, i): every evaluation draws the same random numbers."""
     started = time.perf_counter()
@@ -41,14 +49,25 @@ def evaluate(client: RolloutClient, problems: Sequence[Prompt], rewards: RewardP
 
     outcomes: list[ProblemOutcome] = []
     for index, samples in client.stream_groups(
-            ((i, p.ids) for i, p in by_index.items()), n=k, temperature=cfg.temperature, top_p=cfg.top_p,
-            max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, progress=progress,
-            progress_total=len(problems) * k, group_seed=group_seed if client.cfg.deterministic else None):
+        ((i, p.ids) for i, p in by_index.items()),
+        n=k,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=stop_token_ids,
+        progress=progress,
+        progress_total=len(problems) * k,
+        group_seed=group_seed if client.cfg.deterministic else None,
+    ):
         problem = by_index[index]
-        results = rewards.score([RewardItem(decode(s.output_ids), problem.ground_truth, problem.data_source)
-                                 for s in samples])
-        outcomes.append(ProblemOutcome(problem.data_source, sum(r.acc for r in results),
-                                       tuple(len(s.output_ids) for s in samples)))
+        results = rewards.score(
+            [RewardItem(decode(s.output_ids), problem.ground_truth, problem.data_source) for s in samples]
+        )
+        outcomes.append(
+            ProblemOutcome(
+                problem.data_source, sum(r.acc for r in results), tuple(len(s.output_ids) for s in samples)
+            )
+        )
     return {**eval_metrics(outcomes, k), "timing_s/eval": time.perf_counter() - started}
 
 

@@ -29,8 +29,14 @@ split. A unit is a token for token-mean losses and a sequence for sequence-mean 
 """
 
 
-def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                 forward_only: bool, with_labels: bool) -> list[dict[str, Any]]:
+def run_schedule(
+    model: torch.nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    loss_fn: LossFn,
+    *,
+    forward_only: bool,
+    with_labels: bool,
+) -> list[dict[str, Any]]:
     """Forward (and backward unless `forward_only`) over `micro_batches` on this rank's model chunk.
 
     With `with_labels` the last stage outputs per-token cross-entropy [batch, seq] (computed by
@@ -50,8 +56,14 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
     def forward_step(data_iterator, chunk):  # type: ignore[no-untyped-def]
         # Batches are built on the CPU; the loss function needs them beside the model's outputs.
         mb = next(data_iterator)
-        mb = dataclasses.replace(mb, **{f.name: value.to(device, non_blocking=True) for f in dataclasses.fields(mb)
-                                        if isinstance(value := getattr(mb, f.name), torch.Tensor)})
+        mb = dataclasses.replace(
+            mb,
+            **{
+                f.name: value.to(device, non_blocking=True)
+                for f in dataclasses.fields(mb)
+                if isinstance(value := getattr(mb, f.name), torch.Tensor)
+            },
+        )
         width = mb.tokens.shape[1]
         padding = (0, -width % multiple)
         tokens = torch.nn.functional.pad(mb.tokens, padding)
@@ -62,9 +74,14 @@ def run_schedule(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], lo
 
     seq_length = padded_length(max(mb.tokens.shape[1] for mb in micro_batches), multiple)
     return get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
-        num_microbatches=len(micro_batches), seq_length=seq_length,
-        micro_batch_size=micro_batches[0].tokens.shape[0], forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=seq_length,
+        micro_batch_size=micro_batches[0].tokens.shape[0],
+        forward_only=forward_only,
+    )
 
 
 @torch.no_grad()
@@ -76,8 +93,16 @@ def vocab_parallel_argmax(logits: torch.Tensor, layout: ParallelLayout, vocab_si
     return torch.cat(shards, dim=-1)[..., :vocab_size].argmax(dim=-1)
 
 
-def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: ParallelLayout, *,
-                    max_new_tokens: int, eos_token_id: int, pad_token_id: int, vocab_size: int) -> list[list[int]]:
+def greedy_generate(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    layout: ParallelLayout,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    vocab_size: int,
+) -> list[list[int]]:
     """Greedy continuation of each prompt, computed with the trainer's own model (no KV cache).
 
     Meant for small evaluations (the warm-up's accuracy check); rollouts come from SGLang. Every rank
@@ -88,16 +113,20 @@ def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], la
     lengths = torch.tensor([len(p) for p in prompts])
     tokens = torch.full((batch, int(lengths.max()) + max_new_tokens), pad_token_id, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        tokens[row, :len(prompt)] = torch.tensor(prompt)
+        tokens[row, : len(prompt)] = torch.tensor(prompt)
     finished = torch.zeros(batch, dtype=torch.bool)
     rows = torch.arange(batch)
 
     def pick_next(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         last = logits[rows, lengths - 1]  # [batch, V/tp]: only each row's newest position matters
-        return last.sum(), torch.ones((), dtype=torch.int), {"next": vocab_parallel_argmax(last, layout, vocab_size)}
+        return (
+            last.sum(),
+            torch.ones((), dtype=torch.int),
+            {"next": vocab_parallel_argmax(last, layout, vocab_size)},
+        )
 
     for _ in range(max_new_tokens):
-        window = MicroBatch(tokens=tokens[:, :int(lengths.max())])
+        window = MicroBatch(tokens=tokens[:, : int(lengths.max())])
         reports = run_schedule(model, [window], pick_next, forward_only=True, with_labels=False)
         next_tokens = reports[0]["next"] if layout.is_last_stage else torch.empty(batch, dtype=torch.long)
         if layout.pp_size > 1:
@@ -108,4 +137,4 @@ def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], la
         finished |= next_tokens == eos_token_id
         if finished.all():
             break
-    return [tokens[row, len(prompt):int(lengths[row])].tolist() for row, prompt in enumerate(prompts)]
+    return [tokens[row, len(prompt) : int(lengths[row])].tolist() for row, prompt in enumerate(prompts)]

@@ -14,9 +14,13 @@ if TYPE_CHECKING:
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig, parallel: ParallelConfig, model_cfg: ModelConfig,
-                    optimizer_steps_per_rollout_step: int | None = None,
-                    ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
+def build_optimizer(
+    model: torch.nn.Module,
+    optim: OptimConfig,
+    parallel: ParallelConfig,
+    model_cfg: ModelConfig,
+    optimizer_steps_per_rollout_step: int | None = None,
+) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """AdamW over a megatron DDP-wrapped model chunk, and a linear-warm-up-then-constant schedule.
 
     `optimizer_steps_per_rollout_step` (`TrainerConfig.optimizer_steps`) converts optim.lr_warmup_rollout_steps
@@ -30,17 +34,37 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, parallel: Parall
 
     warmup = warmup_optimizer_steps(optim, optimizer_steps_per_rollout_step)
     config = OptimizerConfig(
-        optimizer=optim.optimizer, lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, bf16=model_cfg.params_dtype == "bfloat16",
-        fp16=model_cfg.params_dtype == "float16", use_distributed_optimizer=parallel.use_distributed_optimizer)
+        optimizer=optim.optimizer,
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1,
+        adam_beta2=optim.adam_beta2,
+        adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad,
+        bf16=model_cfg.params_dtype == "bfloat16",
+        fp16=model_cfg.params_dtype == "float16",
+        use_distributed_optimizer=parallel.use_distributed_optimizer,
+    )
     # megatron-core's default overrides (None) give biases and 1-D parameters wd_mult 0; no overrides decay all.
-    optimizer = get_megatron_optimizer(config, [model], config_overrides={} if optim.decay_all_parameters else None)
+    optimizer = get_megatron_optimizer(
+        config, [model], config_overrides={} if optim.decay_all_parameters else None
+    )
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if warmup else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
-        lr_warmup_steps=warmup, lr_decay_steps=warmup + 1, lr_decay_style="constant",
-        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=1, wd_incr_style="constant",
-        override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False)
+        optimizer,
+        init_lr=0.0 if warmup else optim.lr,
+        max_lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=warmup + 1,
+        lr_decay_style="constant",
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+        override_opt_param_scheduler=True,
+        use_checkpoint_opt_param_scheduler=False,
+    )
     return optimizer, scheduler
 
 
@@ -49,9 +73,11 @@ def warmup_optimizer_steps(optim: OptimConfig, optimizer_steps_per_rollout_step:
     if not optim.lr_warmup_rollout_steps:
         return 0
     if optimizer_steps_per_rollout_step is None or optimizer_steps_per_rollout_step < 1:
-        raise ValueError(f"optim.lr_warmup_rollout_steps={optim.lr_warmup_rollout_steps} needs the optimizer steps "
-                         "per rollout step (trainer.optimizer_steps) to size the warm-up; got "
-                         f"{optimizer_steps_per_rollout_step}")
+        raise ValueError(
+            f"optim.lr_warmup_rollout_steps={optim.lr_warmup_rollout_steps} needs the optimizer steps "
+            "per rollout step (trainer.optimizer_steps) to size the warm-up; got "
+            f"{optimizer_steps_per_rollout_step}"
+        )
     return optim.lr_warmup_rollout_steps * optimizer_steps_per_rollout_step
 
 
@@ -60,9 +86,11 @@ def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
     split the parameters differently into decayed and exempt ones (optim.decay_all_parameters)."""
     saved, current = _exempts_some(state), _exempts_some({"param_groups": optimizer.param_groups})
     if saved != current:
-        raise ValueError(f"the checkpoint's optimizer {'exempts' if saved else 'decays'} biases and norm weights "
-                         f"from weight decay, this run's {'exempts' if current else 'decays'} them: resume with "
-                         f"optim.decay_all_parameters={str(not saved).lower()}")
+        raise ValueError(
+            f"the checkpoint's optimizer {'exempts' if saved else 'decays'} biases and norm weights "
+            f"from weight decay, this run's {'exempts' if current else 'decays'} them: resume with "
+            f"optim.decay_all_parameters={str(not saved).lower()}"
+        )
     optimizer.load_state_dict(state)
 
 
@@ -91,12 +119,15 @@ def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch
     ddp = DistributedDataParallel(
         model.config,
         DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
             use_distributed_optimizer=parallel.use_distributed_optimizer,
             # FP8 weights (model.fp8.param_gather) are gathered as FP8; the distributed optimizer keeps fp32 masters.
-            fp8_param_gather=model.config.fp8_param),
-        model)
+            fp8_param_gather=model.config.fp8_param,
+        ),
+        model,
+    )
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     return ddp
@@ -129,9 +160,11 @@ def load_parameter_state(optimizer: MegatronOptimizer, states: list[dict[str, An
     """Inverse of `parameter_state`; call after `optimizer.load_state_dict`, which allocates the state."""
     parts = _distributed_parts(optimizer)
     if len(parts) != len(states):
-        raise ValueError(f"the checkpoint holds parameter state for {len(states)} distributed optimizer(s), this "
-                         f"run has {len(parts)}: resume with the parallel.use_distributed_optimizer setting (and "
-                         "layout) the checkpoint was written with")
+        raise ValueError(
+            f"the checkpoint holds parameter state for {len(states)} distributed optimizer(s), this "
+            f"run has {len(parts)}: resume with the parallel.use_distributed_optimizer setting (and "
+            "layout) the checkpoint was written with"
+        )
     import torch
 
     with torch.no_grad():  # the masters are leaves that require grad; megatron copies into them in place

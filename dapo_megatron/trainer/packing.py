@@ -46,8 +46,10 @@ def padded_tokens(micro_batch: Sequence[int], widths: Sequence[int], multiple: i
 
 def fixed_size_plan(rows_per_rank: Sequence[Sequence[int]], micro_batch_size: int) -> Plan:
     """Consecutive micro-batches of `micro_batch_size` rows (the last one shorter) of each rank's rows."""
-    return [[list(rows[start:start + micro_batch_size]) for start in range(0, len(rows), micro_batch_size)]
-            for rows in rows_per_rank]
+    return [
+        [list(rows[start : start + micro_batch_size]) for start in range(0, len(rows), micro_batch_size)]
+        for rows in rows_per_rank
+    ]
 
 
 def token_budget_plan(widths: Sequence[int], *, ranks: int, max_tokens: int, multiple: int = 1) -> Plan:
@@ -64,10 +66,15 @@ def token_budget_plan(widths: Sequence[int], *, ranks: int, max_tokens: int, mul
     # What the model computes per row; padding never reorders rows, so `order` is longest first here too.
     computed = [padded_length(width, multiple) for width in widths]
     if computed[order[0]] > max_tokens:
-        padding = (f" ({computed[order[0]]} as computed: the model pads micro-batches to a multiple of {multiple})"
-                   if computed[order[0]] != widths[order[0]] else "")
-        raise ValueError(f"a row of {widths[order[0]]} tokens{padding} does not fit the micro-batch budget of "
-                         f"{max_tokens} tokens (trainer.max_tokens_per_micro_batch)")
+        padding = (
+            f" ({computed[order[0]]} as computed: the model pads micro-batches to a multiple of {multiple})"
+            if computed[order[0]] != widths[order[0]]
+            else ""
+        )
+        raise ValueError(
+            f"a row of {widths[order[0]]} tokens{padding} does not fit the micro-batch budget of "
+            f"{max_tokens} tokens (trainer.max_tokens_per_micro_batch)"
+        )
     micro: list[list[int]] = []
     for row in order:
         if not micro or (len(micro[-1]) + 1) * computed[micro[-1][0]] > max_tokens:
@@ -95,7 +102,7 @@ def _split(micro: list[list[int]], count: int, widths: Sequence[int]) -> list[li
         if not splittable:
             return micro + [[] for _ in range(count - len(micro))]
         rows = micro.pop(max(splittable, key=lambda i: padded_tokens(micro[i], widths)))
-        micro += [rows[:len(rows) // 2], rows[len(rows) // 2:]]
+        micro += [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
     return micro
 
 

@@ -19,10 +19,18 @@ class Policy:
         self.job, self.layout = job, layout
         self.checkpoints = Path(job.output_dir) / "checkpoints"
         self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
-        optimizer, scheduler = build_optimizer(self.model, job.optim, job.parallel, job.model,
-                                               job.trainer.optimizer_steps)
-        self.actor = Actor(self.model, optimizer, scheduler, job.algo, layout, vocab_size=job.model.vocab_size,
-                           temperature=job.rollout.temperature)
+        optimizer, scheduler = build_optimizer(
+            self.model, job.optim, job.parallel, job.model, job.trainer.optimizer_steps
+        )
+        self.actor = Actor(
+            self.model,
+            optimizer,
+            scheduler,
+            job.algo,
+            layout,
+            vocab_size=job.model.vocab_size,
+            temperature=job.rollout.temperature,
+        )
 
     def load_initial_state(self) -> tuple[int, dict[str, Any] | None]:
         """Resume from the latest checkpoint (`trainer.resume`), else start from trainer.load or the HF weights.
@@ -49,11 +57,23 @@ class Policy:
         """A checkpoint of step `step`: the model, every rank's optimizer and RNG states, and the driving rank's
         `rollout_state` (None elsewhere) beside the step."""
         shared = None if rollout_state is None else {"step": step, **rollout_state}
-        return checkpoint.save_model(self.model, self.checkpoints, step, self.job.model, self.layout,
-                                     rank_state=self.actor.state_dict(), shared_state=shared,
-                                     keep_last=self.job.trainer.keep_last_checkpoints,
-                                     keep_every=self.job.trainer.keep_checkpoint_every)
+        return checkpoint.save_model(
+            self.model,
+            self.checkpoints,
+            step,
+            self.job.model,
+            self.layout,
+            rank_state=self.actor.state_dict(),
+            shared_state=shared,
+            keep_last=self.job.trainer.keep_last_checkpoints,
+            keep_every=self.job.trainer.keep_checkpoint_every,
+        )
 
     def export_hf(self, step: int) -> None:
-        export_hf(self.model, self.job.model, self.layout, Path(self.job.output_dir) / "hf" / f"step_{step:07d}",
-                  tokenizer_dir=self.job.model.hf_dir)
+        export_hf(
+            self.model,
+            self.job.model,
+            self.layout,
+            Path(self.job.output_dir) / "hf" / f"step_{step:07d}",
+            tokenizer_dir=self.job.model.hf_dir,
+        )

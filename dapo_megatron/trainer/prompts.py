@@ -30,20 +30,39 @@ class DatasetPrompts:
 
 def to_prompt(example: PromptExample) -> Prompt:
     assert example.prompt_ids is not None, "tokenize the data set first"
-    return Prompt(uid=example.uid, ids=list(example.prompt_ids), ground_truth=example.ground_truth,
-                  data_source=example.data_source)
+    return Prompt(
+        uid=example.uid,
+        ids=list(example.prompt_ids),
+        ground_truth=example.ground_truth,
+        data_source=example.data_source,
+    )
 
 
-def arithmetic_dataset(split: str, tokenizer: PromptTokenizer, *, seed: int, shuffle: bool,
-                       task: str = "addition", split_seed: int | None = None) -> PromptDataset:
+def arithmetic_dataset(
+    split: str,
+    tokenizer: PromptTokenizer,
+    *,
+    seed: int,
+    shuffle: bool,
+    task: str = "addition",
+    split_seed: int | None = None,
+) -> PromptDataset:
     """A synthetic task (`data.task`) as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are raw
     text. `split_seed` (default `seed`) picks the split's problems, `seed` the epoch shuffles."""
-    examples = [PromptExample(uid=f"arithmetic-{split}-{i}", prompt=p.prompt, ground_truth=p.answer,
-                              data_source="math_dapo", messages=({"role": "user", "content": p.prompt},),
-                              origin=f"{task} {split} #{i}",
-                              prompt_ids=tuple(tokenizer.encode(p.prompt, add_special_tokens=False)))
-                for i, p in enumerate(arithmetic.problems(split, seed=seed if split_seed is None else split_seed,
-                                                          task=task))]
+    examples = [
+        PromptExample(
+            uid=f"arithmetic-{split}-{i}",
+            prompt=p.prompt,
+            ground_truth=p.answer,
+            data_source="math_dapo",
+            messages=({"role": "user", "content": p.prompt},),
+            origin=f"{task} {split} #{i}",
+            prompt_ids=tuple(tokenizer.encode(p.prompt, add_special_tokens=False)),
+        )
+        for i, p in enumerate(
+            arithmetic.problems(split, seed=seed if split_seed is None else split_seed, task=task)
+        )
+    ]
     return PromptDataset(examples, shuffle=shuffle, seed=seed)
 
 
@@ -55,11 +74,13 @@ def build_prompt_sources(job: Any, tokenizer: PromptTokenizer) -> tuple[DatasetP
     if job.data.train_files:
         train = dataset_from_config(job.data, "train", tokenizer, max_prompt_length=limit)
     else:
-        train = arithmetic_dataset("rl", tokenizer, seed=job.seed, shuffle=job.data.shuffle, task=task,
-                                   split_seed=split_seed)
+        train = arithmetic_dataset(
+            "rl", tokenizer, seed=job.seed, shuffle=job.data.shuffle, task=task, split_seed=split_seed
+        )
     if job.data.eval_files:
         evaluation = dataset_from_config(job.data, "eval", tokenizer, max_prompt_length=limit)
     else:
-        evaluation = arithmetic_dataset("eval", tokenizer, seed=job.seed, shuffle=False, task=task,
-                                        split_seed=split_seed)
+        evaluation = arithmetic_dataset(
+            "eval", tokenizer, seed=job.seed, shuffle=False, task=task, split_seed=split_seed
+        )
     return DatasetPrompts(train), [to_prompt(e) for e in evaluation.take(job.eval.num_problems)]

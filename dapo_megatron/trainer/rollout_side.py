@@ -68,8 +68,16 @@ class RolloutSide:
         train, self.eval_prompts = build_prompt_sources(job, self.tokenizer)
         if self._prompt_state is not None:
             train.load_state_dict(self._prompt_state)
-        self.manager = RolloutManager(self.client, self.rewards, train, rollout=rollout, trainer=job.trainer,
-                                      decode=self.decode, stop_token_ids=self.stop_token_ids, progress=True)
+        self.manager = RolloutManager(
+            self.client,
+            self.rewards,
+            train,
+            rollout=rollout,
+            trainer=job.trainer,
+            decode=self.decode,
+            stop_token_ids=self.stop_token_ids,
+            progress=True,
+        )
         self.manager.backlog = self._backlog
 
     def encode(self, text: str) -> list[int]:
@@ -90,13 +98,19 @@ class RolloutSide:
             return ahead.result()
         return self.manager.collect()
 
-    def training_batch(self, groups: list[ScoredGroup] | None, step: int) -> tuple[PolicyRows, dict[str, float]]:
+    def training_batch(
+        self, groups: list[ScoredGroup] | None, step: int
+    ) -> tuple[PolicyRows, dict[str, float]]:
         """Rewards, advantages and token tensors built on the driving rank, handed to every rank, for rollout
         step `step` (which trains the weights pushed after step - 1). Collective."""
         objects: list[Any] = [None]
         if self.layout.is_logging_rank:
-            rows, metrics = build_rows(groups, self.job.algo, max_response_length=self.job.rollout.max_response_length,
-                                       pad_token_id=self.pad_token_id)
+            rows, metrics = build_rows(
+                groups,
+                self.job.algo,
+                max_response_length=self.job.rollout.max_response_length,
+                pad_token_id=self.pad_token_id,
+            )
             objects = [(rows, {**metrics, **policy_lag(groups, step - 1)})]
         torch.distributed.broadcast_object_list(objects, src=0)
         return objects[0]
@@ -125,24 +139,35 @@ class RolloutSide:
         if not self.layout.is_logging_rank:
             return {}
         job = self.job
-        return evaluate(self.client, self.eval_prompts, self.rewards, job.eval, decode=self.decode,
-                        max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
-                        stop_token_ids=self.stop_token_ids)
+        return evaluate(
+            self.client,
+            self.eval_prompts,
+            self.rewards,
+            job.eval,
+            decode=self.decode,
+            max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
+            stop_token_ids=self.stop_token_ids,
+        )
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps (driving rank; None elsewhere): the prompt stream's position, the backlog and
         the batch generated ahead (waited for)."""
         if not self.layout.is_logging_rank:
             return None
-        return {"prompts": self.manager.prompts.state_dict(), "backlog": self.manager.backlog,
-                "ahead": self._ahead.result() if self._ahead is not None else None}
+        return {
+            "prompts": self.manager.prompts.state_dict(),
+            "backlog": self.manager.backlog,
+            "ahead": self._ahead.result() if self._ahead is not None else None,
+        }
 
     # ------------------------------------------------------------------ tear-down
 
     def stop_generating(self) -> None:
         """Stop a batch generated ahead that an error left running, and wait for it."""
         if self._ahead is not None and not self._ahead.done():
-            with contextlib.suppress(Exception):  # best effort: the error that got us here is the one to report
+            with contextlib.suppress(
+                Exception
+            ):  # best effort: the error that got us here is the one to report
                 self.manager.cancel()
             self._ahead.exception()
         if self._ahead_worker is not None:

@@ -45,8 +45,9 @@ class Session:
         initialize: makes the process groups (`distributed.layout.initialize`); called once, in step 2.
     """
 
-    def __init__(self, job: JobConfig, env: ProcessEnv | ParallelLayout,
-                 initialize: Callable[[], ParallelLayout]) -> None:
+    def __init__(
+        self, job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable[[], ParallelLayout]
+    ) -> None:
         self.job, self.env, self._initialize = job, env, initialize
         self.fleet: EngineFleet | None = None
         self.rollouts: RolloutSide | None = None
@@ -67,11 +68,19 @@ class Session:
     def _set_up(self) -> None:
         job, env = self.job, self.env
         if not job.model.hf_dir:
-            raise ValueError("model.hf_dir is required: the Hugging Face directory with the tokenizer (and the "
-                             "initial weights unless trainer.load is set); the demo builds one with "
-                             "tools/make_demo_base.py")
-        self.fleet = EngineFleet(job, rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
-                                 master_addr=env.master_addr, device="cuda" if torch.cuda.is_available() else "cpu")
+            raise ValueError(
+                "model.hf_dir is required: the Hugging Face directory with the tokenizer (and the "
+                "initial weights unless trainer.load is set); the demo builds one with "
+                "tools/make_demo_base.py"
+            )
+        self.fleet = EngineFleet(
+            job,
+            rank=env.rank,
+            world_size=env.world_size,
+            local_rank=env.local_rank,
+            master_addr=env.master_addr,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+        )
         stages = (self.fleet.launch, self._build_policy)
         for stage in stages if self.fleet.launches_before_policy else reversed(stages):
             stage()
@@ -87,16 +96,22 @@ class Session:
             self.rollouts.start(self.fleet.urls, on_error=self.fleet.liveness_check())
         self.timings["startup/rollout_side_s"] = time.perf_counter() - started
 
-        probe = SyncProbe.from_driving_rank(self.rollouts.eval_prompts if layout.is_logging_rank else None,
-                                            self.rollouts.encode(PROBE_CONTINUATION),
-                                            pad_token_id=self.rollouts.pad_token_id)
+        probe = SyncProbe.from_driving_rank(
+            self.rollouts.eval_prompts if layout.is_logging_rank else None,
+            self.rollouts.encode(PROBE_CONTINUATION),
+            pad_token_id=self.rollouts.pad_token_id,
+        )
         self.fleet.open_sync(layout, probe)
 
         nodes: list[int | None] = [None] * layout.world_size
         torch.distributed.all_gather_object(nodes, layout.node)
-        self.threads = TrainerThreads.for_job(layout.device.type, use_idle_cores=job.trainer.cpu_idle_cores,
-                                              ranks_on_node=nodes.count(layout.node), engine=self.fleet.engine,
-                                              engine_idle_cores=job.rollout.cpu_idle_cores)
+        self.threads = TrainerThreads.for_job(
+            layout.device.type,
+            use_idle_cores=job.trainer.cpu_idle_cores,
+            ranks_on_node=nodes.count(layout.node),
+            engine=self.fleet.engine,
+            engine_idle_cores=job.rollout.cpu_idle_cores,
+        )
         self.threads.engine_idle()  # until a batch is generated ahead
 
     def _build_policy(self) -> None:

@@ -18,27 +18,35 @@ if TYPE_CHECKING:
     from dapo_megatron.trainer.actor import Actor
 
 
-def probe_rows(prompts: Sequence[list[int]], continuations: Sequence[list[int]], *, pad_token_id: int) -> PolicyRows:
+def probe_rows(
+    prompts: Sequence[list[int]], continuations: Sequence[list[int]], *, pad_token_id: int
+) -> PolicyRows:
     """prompt + continuation per row, right-padded; the mask [n, L - 1] covers the continuation's labels."""
     width = max(len(p) + len(c) for p, c in zip(prompts, continuations, strict=True))
     tokens = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), width - 1)
     for row, (prompt, continuation) in enumerate(zip(prompts, continuations, strict=True)):
-        tokens[row, :len(prompt) + len(continuation)] = torch.tensor(prompt + continuation)
-        mask[row, len(prompt) - 1:len(prompt) - 1 + len(continuation)] = 1.0
+        tokens[row, : len(prompt) + len(continuation)] = torch.tensor(prompt + continuation)
+        mask[row, len(prompt) - 1 : len(prompt) - 1 + len(continuation)] = 1.0
     return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.zeros(len(prompts)))
 
 
-def engine_log_probs(client: RolloutClient, prompts: Sequence[list[int]], continuations: Sequence[list[int]], *,
-                     engine: int = 0) -> torch.Tensor:
+def engine_log_probs(
+    client: RolloutClient,
+    prompts: Sequence[list[int]],
+    continuations: Sequence[list[int]],
+    *,
+    engine: int = 0,
+) -> torch.Tensor:
     """The (untempered) log-probs of the continuations by the client's engine number `engine`, laid out like
     `probe_rows`' mask."""
     rows = probe_rows(prompts, continuations, pad_token_id=0)
     out = torch.zeros_like(rows.response_mask)
-    values = client.teacher_forced_log_probs([p + c for p, c in zip(prompts, continuations, strict=True)],
-                                             [len(p) for p in prompts], engine=engine)
+    values = client.teacher_forced_log_probs(
+        [p + c for p, c in zip(prompts, continuations, strict=True)], [len(p) for p in prompts], engine=engine
+    )
     for row, (prompt, row_values) in enumerate(zip(prompts, values, strict=True)):
-        out[row, len(prompt) - 1:len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
+        out[row, len(prompt) - 1 : len(prompt) - 1 + len(row_values)] = torch.tensor(row_values)
     return out
 
 
@@ -57,15 +65,23 @@ class SyncProbe:
         self.rows = probe_rows(self.prompts, self.continuations, pad_token_id=pad_token_id)
 
     @classmethod
-    def from_driving_rank(cls, eval_prompts: Sequence[Prompt] | None, continuation: list[int], *,
-                          pad_token_id: int) -> SyncProbe:
+    def from_driving_rank(
+        cls, eval_prompts: Sequence[Prompt] | None, continuation: list[int], *, pad_token_id: int
+    ) -> SyncProbe:
         """Built from the driving rank's evaluation prompts (`eval_prompts`; None elsewhere). Collective."""
         objects = [[p.ids for p in eval_prompts[:PROBE_PROMPTS]] if eval_prompts is not None else None]
         torch.distributed.broadcast_object_list(objects, src=0)
         return cls(objects[0], continuation, pad_token_id=pad_token_id)
 
-    def check(self, actor: Actor, client: RolloutClient | None, *, version: str, tolerance: float,
-              micro_batch_size: int) -> float:
+    def check(
+        self,
+        actor: Actor,
+        client: RolloutClient | None,
+        *,
+        version: str,
+        tolerance: float,
+        micro_batch_size: int,
+    ) -> float:
         """Every engine's log-probs against the trainer's (`weight_sync.check_sync`). Collective: every rank
         computes the trainer's; the driving rank (`client` not None) asks each engine. Returns the largest
         difference (0.0 without a client)."""
@@ -76,6 +92,9 @@ class SyncProbe:
         gaps = [0.0]
         for index, url in enumerate(client.urls):  # each engine got its weights its own way
             engine = engine_log_probs(client, self.prompts, self.continuations, engine=index)
-            gaps.append(check_sync(trainer, engine, self.rows.response_mask, tolerance=tolerance, version=version,
-                                   engine=url))
+            gaps.append(
+                check_sync(
+                    trainer, engine, self.rows.response_mask, tolerance=tolerance, version=version, engine=url
+                )
+            )
         return max(gaps)

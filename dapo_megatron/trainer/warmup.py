@@ -39,7 +39,10 @@ def supervised_batch(problems: list[arithmetic.Problem]) -> MicroBatch:
 
 def target_row(problem: arithmetic.Problem) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids + EOS): what the warm-up trains on and what teacher forcing checks."""
-    return char_tokenizer.encode(problem.prompt), [*char_tokenizer.encode(problem.target), char_tokenizer.EOS_ID]
+    return char_tokenizer.encode(problem.prompt), [
+        *char_tokenizer.encode(problem.target),
+        char_tokenizer.EOS_ID,
+    ]
 
 
 def completion_batch(rows: list[tuple[list[int], list[int]]]) -> MicroBatch:
@@ -56,29 +59,52 @@ def completion_batch(rows: list[tuple[list[int], list[int]]]) -> MicroBatch:
         n = len(ids) - 1
         tokens[row, :n] = torch.tensor(ids[:-1])
         labels[row, :n] = torch.tensor(ids[1:])
-        loss_mask[row, len(prompt) - 1:n] = 1.0
+        loss_mask[row, len(prompt) - 1 : n] = 1.0
     return MicroBatch(tokens=tokens, labels=labels, loss_mask=loss_mask)
 
 
-def token_sum(mb: MicroBatch, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+def token_sum(
+    mb: MicroBatch, per_token_loss: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """Cross-entropy summed over answer tokens, with the token count (see `forward.LossFn`)."""
     total = (per_token_loss.float() * mb.loss_mask).sum()
     count = mb.loss_mask.sum().to(torch.int)
     return total, count, {"loss_sum": total.detach().clone(), "tokens": count.clone()}
 
 
-def greedy_accuracy(model: torch.nn.Module, problems: list[arithmetic.Problem], layout: ParallelLayout,
-                    *, vocab_size: int, max_new_tokens: int) -> float:
+def greedy_accuracy(
+    model: torch.nn.Module,
+    problems: list[arithmetic.Problem],
+    layout: ParallelLayout,
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+) -> float:
     completions = greedy_generate(
-        model, [char_tokenizer.encode(p.prompt) for p in problems], layout, max_new_tokens=max_new_tokens,
-        eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID, vocab_size=vocab_size)
-    correct = [compute_score(char_tokenizer.decode(c), p.answer)["acc"] for c, p in zip(completions, problems, strict=True)]
+        model,
+        [char_tokenizer.encode(p.prompt) for p in problems],
+        layout,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=char_tokenizer.EOS_ID,
+        pad_token_id=char_tokenizer.PAD_ID,
+        vocab_size=vocab_size,
+    )
+    correct = [
+        compute_score(char_tokenizer.decode(c), p.answer)["acc"]
+        for c, p in zip(completions, problems, strict=True)
+    ]
     return sum(correct) / len(correct)
 
 
 @torch.no_grad()
-def teacher_forced_exact(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], layout: ParallelLayout,
-                         *, vocab_size: int, micro_batch_size: int) -> list[bool]:
+def teacher_forced_exact(
+    model: torch.nn.Module,
+    rows: list[tuple[list[int], list[int]]],
+    layout: ParallelLayout,
+    *,
+    vocab_size: int,
+    micro_batch_size: int,
+) -> list[bool]:
     """Per (prompt, completion) row: is every completion token the argmax given the prompt and the completion
     before it? Exactly when greedy decoding writes that completion (ending in EOS, it then stops), in one
     forward pass instead of one per token (`warmup.eval_mode=teacher_forced`). The same on every rank."""
@@ -89,10 +115,14 @@ def teacher_forced_exact(model: torch.nn.Module, rows: list[tuple[list[int], lis
         exact = ((predicted == mb.labels) | (mb.loss_mask == 0)).all(dim=1)
         return logits.sum(), torch.ones((), dtype=torch.int), {"exact": exact}
 
-    micro = [completion_batch(rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+    micro = [completion_batch(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
     reports = run_schedule(model, micro, exact_rows, forward_only=True, with_labels=False)
     # Reports exist on the last pipeline stage only.
-    exact = torch.cat([r["exact"] for r in reports]) if layout.is_last_stage else torch.empty(len(rows), dtype=torch.bool)
+    exact = (
+        torch.cat([r["exact"] for r in reports])
+        if layout.is_last_stage
+        else torch.empty(len(rows), dtype=torch.bool)
+    )
     if layout.pp_size > 1:
         torch.distributed.broadcast(exact, src=layout.pp_last_rank, group=layout.pp_group)
     return exact.tolist()
@@ -105,20 +135,29 @@ def earlier_warmup(job: JobConfig) -> dict[str, Any]:
         return {}
     summary_file = Path(job.model.hf_dir) / "warmup_summary.json"
     if not summary_file.exists():
-        raise ValueError(f"model.hf_dir={job.model.hf_dir} has no warmup_summary.json: continue only a warm-up's "
-                         "own export (tools/make_demo_base.py), or unset model.hf_dir to start from random weights")
+        raise ValueError(
+            f"model.hf_dir={job.model.hf_dir} has no warmup_summary.json: continue only a warm-up's "
+            "own export (tools/make_demo_base.py), or unset model.hf_dir to start from random weights"
+        )
     summary = json.loads(summary_file.read_text())
     built = arithmetic.warmed_up_on(summary)
     wanted = (job.data.task, job.data.split_seed(job.seed))
     if built != wanted:
-        raise ValueError(f"model.hf_dir={job.model.hf_dir} was warmed up on data.task={built[0]} split with seed "
-                         f"{built[1]}, this warm-up is data.task={wanted[0]} split with seed {wanted[1]}: pass "
-                         f"data.task={built[0]} data.task_seed={built[1]} to continue it")
+        raise ValueError(
+            f"model.hf_dir={job.model.hf_dir} was warmed up on data.task={built[0]} split with seed "
+            f"{built[1]}, this warm-up is data.task={wanted[0]} split with seed {wanted[1]}: pass "
+            f"data.task={built[0]} data.task_seed={built[1]} to continue it"
+        )
     return summary
 
 
-def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics: MetricsLogger,
-        earlier_steps: int = 0) -> tuple[float, int]:
+def run(
+    job: JobConfig,
+    layout: ParallelLayout,
+    model: torch.nn.Module,
+    metrics: MetricsLogger,
+    earlier_steps: int = 0,
+) -> tuple[float, int]:
     """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy
     and the number of steps taken. `earlier_steps`: of the warm-up this one continues."""
     from dapo_megatron.trainer.optimizer import build_optimizer
@@ -128,18 +167,24 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     optimizer, scheduler = build_optimizer(model, optim, job.parallel, job.model)
     split_seed = job.data.split_seed(job.seed)
     train_set = arithmetic.problems("warmup", seed=split_seed, task=job.data.task)
-    eval_set = arithmetic.problems("eval", seed=split_seed, task=job.data.task)[:cfg.eval_size]
+    eval_set = arithmetic.problems("eval", seed=split_seed, task=job.data.task)[: cfg.eval_size]
     vocab_size = len(char_tokenizer.VOCAB)
 
     def teacher_forced() -> float:
-        exact = teacher_forced_exact(model, [target_row(p) for p in eval_set], layout, vocab_size=vocab_size,
-                                     micro_batch_size=cfg.micro_batch_size)
+        exact = teacher_forced_exact(
+            model,
+            [target_row(p) for p in eval_set],
+            layout,
+            vocab_size=vocab_size,
+            micro_batch_size=cfg.micro_batch_size,
+        )
         return sum(exact) / len(exact)
 
     def greedy() -> float:
         longest = max(len(completion) for _, completion in map(target_row, eval_set))
-        return greedy_accuracy(model, eval_set, layout, vocab_size=vocab_size,
-                               max_new_tokens=cfg.max_new_tokens or longest)
+        return greedy_accuracy(
+            model, eval_set, layout, vocab_size=vocab_size, max_new_tokens=cfg.max_new_tokens or longest
+        )
 
     measure = teacher_forced if cfg.eval_mode == "teacher_forced" else greedy
     # Same order on every rank; each data-parallel rank then trains on its own slice of the batch. A continued
@@ -149,8 +194,13 @@ def run(job: JobConfig, layout: ParallelLayout, model: torch.nn.Module, metrics:
     accuracy = 0.0
     for step in range(1, cfg.max_steps + 1):
         started = time.perf_counter()
-        batch = rng.sample(train_set, cfg.batch_size)[layout.dp_rank * per_rank:(layout.dp_rank + 1) * per_rank]
-        micro = [supervised_batch(batch[i:i + cfg.micro_batch_size]) for i in range(0, per_rank, cfg.micro_batch_size)]
+        batch = rng.sample(train_set, cfg.batch_size)[
+            layout.dp_rank * per_rank : (layout.dp_rank + 1) * per_rank
+        ]
+        micro = [
+            supervised_batch(batch[i : i + cfg.micro_batch_size])
+            for i in range(0, per_rank, cfg.micro_batch_size)
+        ]
         model.zero_grad_buffer()
         optimizer.zero_grad()
         reports = run_schedule(model, micro, token_sum, forward_only=False, with_labels=True)
@@ -195,11 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(job.output_dir)
     try:
         with MetricsLogger(out / "tensorboard", enabled=layout.is_logging_rank) as metrics:
-            metrics.print(f"warm-up: {job.model.name} ({job.model.num_parameters():,} parameters), {layout.describe()}")
+            metrics.print(
+                f"warm-up: {job.model.name} ({job.model.num_parameters():,} parameters), {layout.describe()}"
+            )
             model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
             if earlier:
                 load_hf_weights(model, job.model.hf_dir, job.model, layout)
-                metrics.print(f"continuing the warm-up of {job.model.hf_dir} after its {earlier['steps']} steps")
+                metrics.print(
+                    f"continuing the warm-up of {job.model.hf_dir} after its {earlier['steps']} steps"
+                )
             started = time.time()
             accuracy, steps = run(job, layout, model, metrics, earlier_steps=earlier.get("steps", 0))
             saved = checkpoint.save_model(model, out / "warmup", step=0, model_cfg=job.model, layout=layout)
@@ -209,15 +263,25 @@ def main(argv: list[str] | None = None) -> int:
             torch.distributed.barrier()
             hf_dir = export_hf(model, job.model, layout, out / "warmup_hf", tokenizer_dir=tokenizer_dir)
             if hf_dir is not None:
-                summary = {f"{job.warmup.eval_mode}_eval_accuracy": accuracy, "steps": steps, "seed": job.seed,
-                           "task": job.data.task, "task_seed": job.data.split_seed(job.seed),
-                           "warmup": dataclasses.asdict(job.warmup), "model": dataclasses.asdict(job.model)}
+                summary = {
+                    f"{job.warmup.eval_mode}_eval_accuracy": accuracy,
+                    "steps": steps,
+                    "seed": job.seed,
+                    "task": job.data.task,
+                    "task_seed": job.data.split_seed(job.seed),
+                    "warmup": dataclasses.asdict(job.warmup),
+                    "model": dataclasses.asdict(job.model),
+                }
                 if earlier:  # `steps` counts the whole warm-up; the one continued is kept as it was
-                    summary.update(steps=earlier["steps"] + steps, continued={k: earlier[k] for k in earlier
-                                                                              if k != "model"})
+                    summary.update(
+                        steps=earlier["steps"] + steps,
+                        continued={k: earlier[k] for k in earlier if k != "model"},
+                    )
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
-            metrics.print(f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "
-                          f"checkpoint {saved}, Hugging Face export {hf_dir}")
+            metrics.print(
+                f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "
+                f"checkpoint {saved}, Hugging Face export {hf_dir}"
+            )
     finally:
         shutdown()
     return 0

@@ -59,8 +59,14 @@ def main() -> None:
 
     with torch.no_grad():
         results = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([tokens]), model=[model], num_microbatches=1,
-            seq_length=tokens.shape[1], micro_batch_size=tokens.shape[0], forward_only=True)
+            forward_step_func=forward_step,
+            data_iterator=iter([tokens]),
+            model=[model],
+            num_microbatches=1,
+            seq_length=tokens.shape[1],
+            micro_batch_size=tokens.shape[0],
+            forward_only=True,
+        )
     gathered = [None] * layout.world_size
     torch.distributed.all_gather_object(gathered, results[0]["logits"] if layout.is_loss_rank else None)
     if layout.rank == 0:

@@ -33,9 +33,12 @@ def dapo_rows() -> dict[str, torch.Tensor]:
     tokens = torch.zeros(ROWS, LENGTH + 1, dtype=torch.long)
     mask = torch.zeros(ROWS, LENGTH)
     for row in range(ROWS):
-        prompt, response = int(torch.randint(3, 7, (1,), generator=g)), int(torch.randint(1, 10, (1,), generator=g))
-        tokens[row, :prompt + response] = torch.randint(3, VOCAB, (prompt + response,), generator=g)
-        mask[row, prompt - 1:prompt - 1 + response] = 1.0  # label position t scores token t + 1
+        prompt, response = (
+            int(torch.randint(3, 7, (1,), generator=g)),
+            int(torch.randint(1, 10, (1,), generator=g)),
+        )
+        tokens[row, : prompt + response] = torch.randint(3, VOCAB, (prompt + response,), generator=g)
+        mask[row, prompt - 1 : prompt - 1 + response] = 1.0  # label position t scores token t + 1
     advantages = torch.randn(ROWS, generator=g)
     return {"tokens": tokens, "mask": mask, "advantages": advantages}
 
@@ -43,8 +46,17 @@ def dapo_rows() -> dict[str, torch.Tensor]:
 def model_config():
     from dapo_megatron.models.config import ModelConfig
 
-    return ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                       vocab_size=VOCAB, max_position_embeddings=64, params_dtype="float32", transformer_impl="local")
+    return ModelConfig(
+        num_layers=4,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        params_dtype="float32",
+        transformer_impl="local",
+    )
 
 
 def dense_log_probs(model: torch.nn.Module, tokens: torch.Tensor, vocab: int | None = VOCAB) -> torch.Tensor:
@@ -56,15 +68,20 @@ def dense_log_probs(model: torch.nn.Module, tokens: torch.Tensor, vocab: int | N
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
-def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro: int | None,
-                      loss_agg_mode: str = "token-mean") -> dict:
+def formula_gradients(
+    model: torch.nn.Module, batch: dict, objective: str, micro: int | None, loss_agg_mode: str = "token-mean"
+) -> dict:
     """Gradients of the loss written out on the whole batch (micro=None), or of the naive mean of
     per-micro-batch means (micro=k), by plain autograd in this one process."""
     from dapo_megatron.algo.config import AlgoConfig
     from dapo_megatron.algo.loss import compute_policy_loss
 
     algo = AlgoConfig()
-    chunks = [slice(None)] if micro is None else [slice(i, i + ROWS // micro) for i in range(0, ROWS, ROWS // micro)]
+    chunks = (
+        [slice(None)]
+        if micro is None
+        else [slice(i, i + ROWS // micro) for i in range(0, ROWS, ROWS // micro)]
+    )
     model.zero_grad()
     losses = []
     for rows in chunks:
@@ -73,9 +90,16 @@ def formula_gradients(model: torch.nn.Module, batch: dict, objective: str, micro
         if objective == "ce":
             loss = -(log_prob * mask).sum() / mask.sum()
         else:
-            loss, _ = compute_policy_loss(log_prob, batch["old_log_prob"][rows], batch["advantages"][rows], mask,
-                                          clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-                                          clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=loss_agg_mode)
+            loss, _ = compute_policy_loss(
+                log_prob,
+                batch["old_log_prob"][rows],
+                batch["advantages"][rows],
+                mask,
+                clip_ratio_low=algo.clip_ratio_low,
+                clip_ratio_high=algo.clip_ratio_high,
+                clip_ratio_c=algo.clip_ratio_c,
+                loss_agg_mode=loss_agg_mode,
+            )
         losses.append(loss / len(chunks))
     total = torch.stack(losses).sum()
     total.backward()
@@ -89,9 +113,13 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--micro-batches", type=int, required=True, help="per data-parallel rank")
-    parser.add_argument("--recompute", action="store_true", help="full activation recompute, one layer per unit")
+    parser.add_argument(
+        "--recompute", action="store_true", help="full activation recompute, one layer per unit"
+    )
     parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--max-tokens", type=int, help="token-budget micro-batches (dapo): planned by split_rows")
+    parser.add_argument(
+        "--max-tokens", type=int, help="token-budget micro-batches (dapo): planned by split_rows"
+    )
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--out", required=True)
@@ -112,9 +140,12 @@ def main() -> None:
     from dapo_megatron.trainer.warmup import token_sum
 
     cfg = model_config()
-    parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                              recompute_granularity="full" if args.recompute else "none",
-                              sequence_parallel=args.sequence_parallel)
+    parallel = ParallelConfig(
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        recompute_granularity="full" if args.recompute else "none",
+        sequence_parallel=args.sequence_parallel,
+    )
     layout = initialize(parallel, seed=7)
     model = build_gpt_model(cfg, parallel, layout)
     if args.reference:
@@ -127,9 +158,13 @@ def main() -> None:
         torch.save(batch, root / f"{args.objective}_batch.pt")
         formula = formula_gradients(model, batch, args.objective, micro=None)
         naive = formula_gradients(model, batch, args.objective, micro=4)
-        seq_mean = formula_gradients(model, batch, args.objective, micro=None, loss_agg_mode="seq-mean-token-mean")
-        torch.save({"formula": formula, "naive": naive, "seq-mean-token-mean": seq_mean},
-                   root / f"{args.objective}_formula.pt")
+        seq_mean = formula_gradients(
+            model, batch, args.objective, micro=None, loss_agg_mode="seq-mean-token-mean"
+        )
+        torch.save(
+            {"formula": formula, "naive": naive, "seq-mean-token-mean": seq_mean},
+            root / f"{args.objective}_formula.pt",
+        )
     else:
         load_full_state(model, torch.load(root / "weights.pt"), cfg, layout)
     batch = torch.load(root / f"{args.objective}_batch.pt")
@@ -145,21 +180,40 @@ def main() -> None:
     mb_size = share // args.micro_batches
     if args.objective == "ce":
         tokens, mask = batch["tokens"][mine], batch["mask"][mine]
-        micro = [MicroBatch(tokens=tokens[i:i + mb_size, :-1], labels=tokens[i:i + mb_size, 1:],
-                            loss_mask=mask[i:i + mb_size]) for i in range(0, share, mb_size)]
+        micro = [
+            MicroBatch(
+                tokens=tokens[i : i + mb_size, :-1],
+                labels=tokens[i : i + mb_size, 1:],
+                loss_mask=mask[i : i + mb_size],
+            )
+            for i in range(0, share, mb_size)
+        ]
         ddp.zero_grad_buffer()
         reports = run_schedule(ddp, micro, token_sum, forward_only=False, with_labels=True)
         reports = [{"loss_sum": r["loss_sum"], "units": r["tokens"]} for r in reports]
     else:
         optimizer, scheduler = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
-        actor = Actor(ddp, optimizer, scheduler, AlgoConfig(loss_agg_mode=args.loss_agg_mode), layout,
-                      vocab_size=VOCAB)
-        rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=batch["advantages"],
-                          old_log_prob=batch["old_log_prob"])
+        actor = Actor(
+            ddp, optimizer, scheduler, AlgoConfig(loss_agg_mode=args.loss_agg_mode), layout, vocab_size=VOCAB
+        )
+        rows = PolicyRows(
+            tokens=batch["tokens"],
+            response_mask=batch["mask"],
+            advantages=batch["advantages"],
+            old_log_prob=batch["old_log_prob"],
+        )
         # One optimizer step; this rank's rows and micro-batches as the trainer plans them.
-        work = split_rows(rows, layout.dp_size, layout.dp_rank, TrainerConfig(
-            train_batch_size=1, ppo_mini_batch_size=1, micro_batch_size=mb_size,
-            max_tokens_per_micro_batch=args.max_tokens))
+        work = split_rows(
+            rows,
+            layout.dp_size,
+            layout.dp_rank,
+            TrainerConfig(
+                train_batch_size=1,
+                ppo_mini_batch_size=1,
+                micro_batch_size=mb_size,
+                max_tokens_per_micro_batch=args.max_tokens,
+            ),
+        )
         reports = actor.backward(work.rows, work.micro_batch_sizes[0])
         if args.max_tokens:  # the planned micro-batches must map log-probs back to their rows
             planned = actor.compute_log_probs(work.rows, work.micro_batch_sizes[0])
@@ -168,8 +222,17 @@ def main() -> None:
     metrics = reduce_reports(reports, layout)
     grads = gather_full_state(ddp, cfg, layout, tensor_of=lambda p: p.main_grad)
     if layout.rank == 0:
-        torch.save({"loss": metrics["loss"], "units": metrics["units"], "grads": grads,
-                    "layer_forward_calls": len(forward_calls), "model_widths": model_widths, **extra}, args.out)
+        torch.save(
+            {
+                "loss": metrics["loss"],
+                "units": metrics["units"],
+                "grads": grads,
+                "layer_forward_calls": len(forward_calls),
+                "model_widths": model_widths,
+                **extra,
+            },
+            args.out,
+        )
     shutdown()
 
 

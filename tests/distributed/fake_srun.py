@@ -78,8 +78,9 @@ def main() -> int:
     lock = threading.Lock()
     nodes, relays = [], []
     for node in range(int(os.environ["SLURM_NNODES"])):
-        env = dict(os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_STEPID="0",
-                   **{STEP_MARK: mark})
+        env = dict(
+            os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_STEPID="0", **{STEP_MARK: mark}
+        )
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         nodes.append(process)
         prefix = f"{node}: ".encode() if label else b""

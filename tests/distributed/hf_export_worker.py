@@ -29,7 +29,9 @@ def main() -> None:
 
     model_cfg, layout, model = load_under_layout(args.checkpoint, args.tp, args.pp)
     # Small shards, so that each stage writes several and the failure below comes mid-way.
-    exported = export_hf(model, model_cfg, layout, args.out, tokenizer_dir=args.base_dir, max_shard_bytes=40_000)
+    exported = export_hf(
+        model, model_cfg, layout, args.out, tokenizer_dir=args.base_dir, max_shard_bytes=40_000
+    )
     assert (exported is not None) == (layout.rank == 0)
 
     if layout.pp_rank == layout.pp_size - 1:

@@ -37,8 +37,9 @@ def main() -> None:
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import load_hf_weights, unwrap_model
 
-    cfg = ModelConfig.from_hf_config(hf_io.read_hf_config(args.hf_dir), params_dtype="float32",
-                                     transformer_impl="local")
+    cfg = ModelConfig.from_hf_config(
+        hf_io.read_hf_config(args.hf_dir), params_dtype="float32", transformer_impl="local"
+    )
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
     layout = initialize(parallel, seed=0)
     model = build_gpt_model(cfg, parallel, layout)
@@ -59,13 +60,15 @@ def main() -> None:
     mismatched = []
     for rank in range(layout.world_size):
         if rank == layout.rank:
-            full = hf_mapping.hf_to_megatron(hf_io.load_hf_state(args.hf_dir), cfg,
-                                             tensor_parallel_size=layout.tp_size)
+            full = hf_mapping.hf_to_megatron(
+                hf_io.load_hf_state(args.hf_dir), cfg, tensor_parallel_size=layout.tp_size
+            )
             offset = hf_mapping.layer_range(cfg, layout.pp_size, layout.pp_rank).start
             for name, param in params.items():
                 canonical = hf_mapping.local_to_global_name(name, offset)
-                expected = hf_mapping.shard_for_tensor_parallel(canonical, full[canonical], cfg, layout.tp_size,
-                                                                layout.tp_rank)
+                expected = hf_mapping.shard_for_tensor_parallel(
+                    canonical, full[canonical], cfg, layout.tp_size, layout.tp_rank
+                )
                 if not torch.equal(param, expected):
                     mismatched.append(canonical)
             report["checked"], report["mismatched"] = len(params), mismatched

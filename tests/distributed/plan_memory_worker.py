@@ -23,9 +23,18 @@ def model_config(tied: bool):
 
     # hidden 48 / 4 heads: head dim 12, so the QKV bias (96 elements) breaks the distributed optimizer's
     # 64-element alignment and the planner must reproduce megatron's padding.
-    return ModelConfig(num_layers=4, hidden_size=48, ffn_hidden_size=80, num_attention_heads=4, num_query_groups=2,
-                       vocab_size=250, max_position_embeddings=64, params_dtype="bfloat16", transformer_impl="local",
-                       tie_word_embeddings=tied)
+    return ModelConfig(
+        num_layers=4,
+        hidden_size=48,
+        ffn_hidden_size=80,
+        num_attention_heads=4,
+        num_query_groups=2,
+        vocab_size=250,
+        max_position_embeddings=64,
+        params_dtype="bfloat16",
+        transformer_impl="local",
+        tie_word_embeddings=tied,
+    )
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[int] = frozenset()) -> int:
@@ -45,8 +54,11 @@ def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool) -> dict:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     cfg = model_config(tied)
-    parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                              use_distributed_optimizer=distributed_optimizer)
+    parallel = ParallelConfig(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_distributed_optimizer=distributed_optimizer,
+    )
     layout = initialize(parallel, seed=3)
     ddp = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     optimizer, _ = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
@@ -68,8 +80,9 @@ def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool) -> dict:
         "main_parameters": storage_bytes(main_params, exclude=model_storages),
         "moments": storage_bytes(s[k] for s in states for k in ("exp_avg", "exp_avg_sq")),
         # Anything else the optimizer keeps beyond the scalar step counters, which the planner would miss.
-        "other_state": storage_bytes(v for s in states for k, v in s.items()
-                                     if k not in ("exp_avg", "exp_avg_sq") and v.numel() > 1),
+        "other_state": storage_bytes(
+            v for s in states for k, v in s.items() if k not in ("exp_avg", "exp_avg_sq") and v.numel() > 1
+        ),
     }
 
 
@@ -84,8 +97,12 @@ def main() -> None:
         for distributed_optimizer in (False, True):
             tied = name == "pp2"  # a tied embedding split over stages gets its own bucket
             results[f"{name}-distopt{int(distributed_optimizer)}"] = {
-                "tp": tp, "pp": pp, "distributed_optimizer": distributed_optimizer, "tied": tied,
-                "measured": measure(tp, pp, distributed_optimizer, tied)}
+                "tp": tp,
+                "pp": pp,
+                "distributed_optimizer": distributed_optimizer,
+                "tied": tied,
+                "measured": measure(tp, pp, distributed_optimizer, tied),
+            }
     gathered: list[dict | None] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, results)
     if torch.distributed.get_rank() == 0:

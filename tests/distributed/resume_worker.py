@@ -36,12 +36,15 @@ def main() -> None:
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
     cfg = model_config()
-    parallel = ParallelConfig(pipeline_model_parallel_size=args.pp, use_distributed_optimizer=args.distributed_optimizer)
+    parallel = ParallelConfig(
+        pipeline_model_parallel_size=args.pp, use_distributed_optimizer=args.distributed_optimizer
+    )
     layout = initialize(parallel, seed=7 if args.mode == "continuous" else 8)
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     # Two optimizer steps per step below: the 6-step warm-up spans the checkpoint of step 2.
-    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-3, lr_warmup_rollout_steps=3, weight_decay=0.1),
-                                           parallel, cfg, 2)
+    optimizer, scheduler = build_optimizer(
+        model, OptimConfig(lr=1e-3, lr_warmup_rollout_steps=3, weight_decay=0.1), parallel, cfg, 2
+    )
     actor = Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
     batch = dapo_rows()
 
@@ -53,13 +56,25 @@ def main() -> None:
         first = shared["step"] + 1
     losses = {}
     for step in range(first, 5):
-        rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.randn(len(batch["mask"])))
+        rows = PolicyRows(
+            tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.randn(len(batch["mask"]))
+        )
         rows.old_log_prob = actor.compute_log_probs(rows, micro_batch_size=4)
         losses[step] = actor.train_step(rows.subset(slice(0, 4)), micro_batch_size=2)["loss"]
         losses[step] += actor.train_step(rows.subset(slice(4, 8)), micro_batch_size=2)["loss"]
-        if args.mode == "continuous" and step <= 2:  # keep_last=1: step 1's checkpoint goes once step 2's is complete
-            checkpoint.save_model(model, root / "checkpoints", step, cfg, layout, rank_state=actor.state_dict(),
-                                  shared_state={"step": step}, keep_last=1)
+        if (
+            args.mode == "continuous" and step <= 2
+        ):  # keep_last=1: step 1's checkpoint goes once step 2's is complete
+            checkpoint.save_model(
+                model,
+                root / "checkpoints",
+                step,
+                cfg,
+                layout,
+                rank_state=actor.state_dict(),
+                shared_state={"step": step},
+                keep_last=1,
+            )
     weights = gather_full_state(model, cfg, layout)
     if layout.rank == 0:
         torch.save({"losses": losses, "weights": weights}, root / f"{args.mode}.pt")

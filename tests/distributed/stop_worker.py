@@ -67,7 +67,9 @@ def main() -> int:
             torch.distributed.all_reduce(torch.tensor([objects[0]]))
             mark(layout.is_logging_rank, out, "steps_done", str(step))
             if engine.poll() is not None:
-                raise RuntimeError(f"the engine child died during step {step}: exit status {engine.returncode}")
+                raise RuntimeError(
+                    f"the engine child died during step {step}: exit status {engine.returncode}"
+                )
         saved = checkpoint.save_model(model, root, step, job.model, layout)
         if rewards.apply(os.getpid) != reward_worker:
             raise RuntimeError("the reward worker died and was replaced")
@@ -77,8 +79,11 @@ def main() -> int:
         if engine.wait() != 0:
             raise RuntimeError(f"the engine child exited with status {engine.returncode}")
         if layout.is_logging_rank:
-            print(f"stopped at step {step} of {layout.world_size} ranks; checkpoint {saved}; children exited "
-                  f"cleanly", flush=True)
+            print(
+                f"stopped at step {step} of {layout.world_size} ranks; checkpoint {saved}; children exited "
+                f"cleanly",
+                flush=True,
+            )
     finally:
         if engine.poll() is None:
             engine.kill()

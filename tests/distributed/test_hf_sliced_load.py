@@ -29,14 +29,23 @@ def write_random_hf_checkpoint(out_dir: Path, **overrides: object) -> dict[str, 
     from dapo_megatron.models import hf_export, hf_mapping
     from dapo_megatron.models.config import ModelConfig
 
-    fields: dict[str, object] = dict(num_layers=8, hidden_size=1024, ffn_hidden_size=2048, num_attention_heads=16,
-                                     num_query_groups=4, vocab_size=4000, max_position_embeddings=256,
-                                     params_dtype="float32")
+    fields: dict[str, object] = dict(
+        num_layers=8,
+        hidden_size=1024,
+        ffn_hidden_size=2048,
+        num_attention_heads=16,
+        num_query_groups=4,
+        vocab_size=4000,
+        max_position_embeddings=256,
+        params_dtype="float32",
+    )
     cfg = ModelConfig(**{**fields, **overrides})
     generator = torch.Generator().manual_seed(0)
     dtype = getattr(torch, cfg.params_dtype)
-    state = {name: torch.randn(shape, generator=generator).to(dtype) * 0.02
-             for name, shape in hf_mapping.hf_param_shapes(cfg).items()}
+    state = {
+        name: torch.randn(shape, generator=generator).to(dtype) * 0.02
+        for name, shape in hf_mapping.hf_param_shapes(cfg).items()
+    }
     out_dir.mkdir(parents=True)
     writer = hf_export.ShardWriter(out_dir, dtype, max_shard_bytes=160 * MiB)
     for name, tensor in state.items():
@@ -55,8 +64,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 def run_measured(*args: str) -> tuple[int, str, int]:
     """(exit status, output, peak RSS in bytes) of tools/convert_hf_to_megatron.py run with `args`."""
     with tempfile.TemporaryFile("w+") as output:
-        proc = subprocess.Popen([sys.executable, str(REPO / "tools" / "convert_hf_to_megatron.py"), *args],
-                                cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tools" / "convert_hf_to_megatron.py"), *args],
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, whatever else this process ran
         proc.returncode = os.waitstatus_to_exitcode(status)
         output.seek(0)
@@ -82,7 +96,9 @@ def test_each_rank_reads_only_its_slices(checkpoint: tuple[Path, dict[str, int]]
         assert report["peak_rss_growth"] <= 2 * report["largest_param_bytes"] + 64 * MiB, report
 
 
-def test_converter_streams_in_the_source_dtype(checkpoint: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+def test_converter_streams_in_the_source_dtype(
+    checkpoint: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from dapo_megatron.models import hf_io, hf_mapping
@@ -90,14 +106,17 @@ def test_converter_streams_in_the_source_dtype(checkpoint: tuple[Path, dict[str,
 
     # The same tool on a ~1 MB model: the interpreter, torch and megatron-core, the baseline of the peak.
     tiny, tiny_ckpt = tmp_path / "tiny", tmp_path / "tiny_ckpt"
-    write_random_hf_checkpoint(tiny, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                               num_query_groups=2, vocab_size=256)
+    write_random_hf_checkpoint(
+        tiny, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2, vocab_size=256
+    )
     status, output, baseline = run_measured("--hf-dir", str(tiny), "--output", str(tiny_ckpt))
     assert status == 0, output
 
     # No --dtype: an fp32 checkpoint stays fp32, bit for bit.
     cfg = ModelConfig.from_hf_config(hf_io.read_hf_config(tiny), params_dtype="float32")
-    assert json.loads((tiny_ckpt / "iter_0000000" / "dapo_model.json").read_text())["params_dtype"] == "float32"
+    assert (
+        json.loads((tiny_ckpt / "iter_0000000" / "dapo_model.json").read_text())["params_dtype"] == "float32"
+    )
     dcp_to_torch_save(tiny_ckpt / "iter_0000000", tmp_path / "flat.pt")
     flat = torch.load(tmp_path / "flat.pt")
     back = hf_mapping.megatron_state_to_hf(hf_mapping.unstack_torch_dist(flat, cfg), cfg)
@@ -107,8 +126,9 @@ def test_converter_streams_in_the_source_dtype(checkpoint: tuple[Path, dict[str,
         assert back[name].dtype == torch.float32 and torch.equal(back[name], tensor), name
 
     (hf_dir, sizes), ckpt = checkpoint, tmp_path / "ckpt"
-    status, output, peak = run_measured("--hf-dir", str(hf_dir), "--output", str(ckpt), "--tensor-parallel", "2",
-                                        "--pipeline-parallel", "2")
+    status, output, peak = run_measured(
+        "--hf-dir", str(hf_dir), "--output", str(ckpt), "--tensor-parallel", "2", "--pipeline-parallel", "2"
+    )
     assert status == 0, output
     assert re.search(r"read \d+/\d+ tensors, [\d.]+/[\d.]+ GiB", output), output
     # One parameter at a time: its HF tensors, the fused tensor (fc1 is two HF tensors), and what torch's

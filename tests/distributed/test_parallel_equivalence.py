@@ -30,8 +30,19 @@ def reference(workdir: Path) -> dict[str, dict]:
     """Weights, batches and whole-batch autograd gradients for both objectives, from one process each."""
     out = {}
     for objective in ("ce", "dapo"):
-        torchrun(WORKER, 1, "--objective", objective, "--micro-batches", "1", "--dir", str(workdir),
-                 "--reference", "--out", str(workdir / f"{objective}_tp1.pt"))
+        torchrun(
+            WORKER,
+            1,
+            "--objective",
+            objective,
+            "--micro-batches",
+            "1",
+            "--dir",
+            str(workdir),
+            "--reference",
+            "--out",
+            str(workdir / f"{objective}_tp1.pt"),
+        )
         out[objective] = torch.load(workdir / f"{objective}_formula.pt")
     return out
 
@@ -44,31 +55,70 @@ def assert_same_gradients(result: dict, expected: dict) -> None:
 
 
 LAYOUTS = {  # name: (tp, pp, processes, micro-batches per DP rank)
-    "mb1": (1, 1, 1, 1), "mb2": (1, 1, 1, 2), "mb4": (1, 1, 1, 4), "dp2": (1, 1, 2, 2),
-    "tp2": (2, 1, 2, 2), "pp2": (1, 2, 2, 4), "tp2xpp2": (2, 2, 4, 2),
+    "mb1": (1, 1, 1, 1),
+    "mb2": (1, 1, 1, 2),
+    "mb4": (1, 1, 1, 4),
+    "dp2": (1, 1, 2, 2),
+    "tp2": (2, 1, 2, 2),
+    "pp2": (1, 2, 2, 4),
+    "tp2xpp2": (2, 2, 4, 2),
 }
 CASES = [("ce", name) for name in ("mb4", "dp2", "tp2", "pp2", "tp2xpp2")] + [
-    ("dapo", name) for name in ("mb1", "mb2", "mb4", "dp2", "tp2", "pp2", "tp2xpp2")]
+    ("dapo", name) for name in ("mb1", "mb2", "mb4", "dp2", "tp2", "pp2", "tp2xpp2")
+]
 
 
 @pytest.mark.parametrize(("objective", "layout"), CASES, ids=[f"{o}-{n}" for o, n in CASES])
-def test_layout_gives_the_whole_batch_gradient(reference: dict, workdir: Path, objective: str, layout: str) -> None:
+def test_layout_gives_the_whole_batch_gradient(
+    reference: dict, workdir: Path, objective: str, layout: str
+) -> None:
     tp, pp, nproc, micro = LAYOUTS[layout]
     out = workdir / f"{objective}_{layout}.pt"
-    torchrun(WORKER, nproc, "--objective", objective, "--tp", str(tp), "--pp", str(pp), "--micro-batches", str(micro),
-             "--dir", str(workdir), "--out", str(out))
+    torchrun(
+        WORKER,
+        nproc,
+        "--objective",
+        objective,
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--micro-batches",
+        str(micro),
+        "--dir",
+        str(workdir),
+        "--out",
+        str(out),
+    )
     assert_same_gradients(torch.load(out), reference[objective]["formula"])
 
 
 @pytest.mark.parametrize("layout", ["tp2", "tp2xpp2"])
-def test_sequence_parallel_gives_the_whole_batch_gradient(reference: dict, workdir: Path, layout: str) -> None:
+def test_sequence_parallel_gives_the_whole_batch_gradient(
+    reference: dict, workdir: Path, layout: str
+) -> None:
     # Sequence parallelism splits the sequence over TP outside the matmuls, so each micro-batch must go in
     # padded to an even length. With PP, sequence-split activations of both widths pass between the stages.
     # The norms' weight gradients are partial sums per TP rank that finalize_model_grads must add up.
     tp, pp, nproc, micro = LAYOUTS[layout]
     out = workdir / f"sequence_parallel_{layout}.pt"
-    torchrun(WORKER, nproc, "--objective", "dapo", "--sequence-parallel", "--tp", str(tp), "--pp", str(pp),
-             "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    torchrun(
+        WORKER,
+        nproc,
+        "--objective",
+        "dapo",
+        "--sequence-parallel",
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--micro-batches",
+        str(micro),
+        "--dir",
+        str(workdir),
+        "--out",
+        str(out),
+    )
     result = torch.load(out)
     assert micro_batch_widths(workdir, micro) == [13, 11]
     assert result["model_widths"] == [14, 12]
@@ -94,8 +144,24 @@ TOKEN_BUDGET, BUDGET_LAYOUT = 30, (1, 2, 4)  # tp, pp, processes
 def test_token_budget_micro_batches_give_the_whole_batch_gradient(reference: dict, workdir: Path) -> None:
     tp, pp, nproc = BUDGET_LAYOUT
     out = workdir / "budget_dp2xpp2.pt"
-    torchrun(WORKER, nproc, "--objective", "dapo", "--tp", str(tp), "--pp", str(pp), "--micro-batches", "1",
-             "--max-tokens", str(TOKEN_BUDGET), "--dir", str(workdir), "--out", str(out))
+    torchrun(
+        WORKER,
+        nproc,
+        "--objective",
+        "dapo",
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--micro-batches",
+        "1",
+        "--max-tokens",
+        str(TOKEN_BUDGET),
+        "--dir",
+        str(workdir),
+        "--out",
+        str(out),
+    )
     result = torch.load(out)
     assert_same_gradients(result, reference["dapo"]["formula"])
     assert result["log_prob_gap"] < 1e-5
@@ -109,7 +175,9 @@ def test_token_budget_plan_is_uneven(reference: dict, workdir: Path) -> None:
     from dapo_megatron.trainer.config import TrainerConfig
 
     batch = torch.load(workdir / "dapo_batch.pt")
-    rows = PolicyRows(tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.arange(len(batch["mask"])))
+    rows = PolicyRows(
+        tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.arange(len(batch["mask"]))
+    )
     config = TrainerConfig(train_batch_size=1, ppo_mini_batch_size=1, max_tokens_per_micro_batch=TOKEN_BUDGET)
     shares = [split_rows(rows, 2, rank, config) for rank in range(2)]
     assert [share.micro_batch_sizes for share in shares] == [[[2, 1, 1]], [[2, 1, 1]]]
@@ -120,8 +188,24 @@ def test_token_budget_plan_is_uneven(reference: dict, workdir: Path) -> None:
 def test_sequence_mean_ablation_is_exact_too(reference: dict, workdir: Path, layout: str) -> None:
     tp, pp, nproc, micro = LAYOUTS[layout]
     out = workdir / f"seq_mean_{layout}.pt"
-    torchrun(WORKER, nproc, "--objective", "dapo", "--loss-agg-mode", "seq-mean-token-mean", "--tp", str(tp),
-             "--pp", str(pp), "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    torchrun(
+        WORKER,
+        nproc,
+        "--objective",
+        "dapo",
+        "--loss-agg-mode",
+        "seq-mean-token-mean",
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--micro-batches",
+        str(micro),
+        "--dir",
+        str(workdir),
+        "--out",
+        str(out),
+    )
     assert_same_gradients(torch.load(out), reference["dapo"]["seq-mean-token-mean"])
 
 
@@ -131,8 +215,23 @@ def test_full_activation_recompute_gives_the_same_gradient(reference: dict, work
     layout = "tp2xpp2"
     tp, pp, nproc, micro = LAYOUTS[layout]
     out = workdir / f"recompute_{layout}.pt"
-    torchrun(WORKER, nproc, "--objective", "dapo", "--recompute", "--tp", str(tp), "--pp", str(pp),
-             "--micro-batches", str(micro), "--dir", str(workdir), "--out", str(out))
+    torchrun(
+        WORKER,
+        nproc,
+        "--objective",
+        "dapo",
+        "--recompute",
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--micro-batches",
+        str(micro),
+        "--dir",
+        str(workdir),
+        "--out",
+        str(out),
+    )
     result = torch.load(out)
     assert result["layer_forward_calls"] == 2 * micro, "the layers were not recomputed in backward"
     assert_same_gradients(result, reference["dapo"]["formula"])
@@ -142,5 +241,7 @@ def test_full_activation_recompute_gives_the_same_gradient(reference: dict, work
 def test_naive_mean_of_micro_batch_means_differs(reference: dict, objective: str) -> None:
     formula, naive = reference[objective]["formula"], reference[objective]["naive"]
     assert all(g.abs().max() > 0 for g in formula["grads"].values()), "a zero gradient would prove nothing"
-    worst = max(((naive["grads"][n] - g).abs().max() / g.abs().max()).item() for n, g in formula["grads"].items())
+    worst = max(
+        ((naive["grads"][n] - g).abs().max() / g.abs().max()).item() for n, g in formula["grads"].items()
+    )
     assert worst > 1e-3, "the batch is too even: the test could not tell a global token mean from a naive one"

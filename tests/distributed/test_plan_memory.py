@@ -33,9 +33,14 @@ def test_planned_state_bytes_equal_megatron_allocations(measured: list[dict], ca
         run = rank[case]
         real = run["measured"]
         tp_rank, pp_rank, dp_rank = real["coordinates"]
-        parallel = ParallelConfig(tensor_model_parallel_size=run["tp"], pipeline_model_parallel_size=run["pp"],
-                                  use_distributed_optimizer=run["distributed_optimizer"])
-        planned = stage_state_bytes(model_config(run["tied"]), parallel, dp=real["dp_size"], pp_rank=pp_rank)[dp_rank]
+        parallel = ParallelConfig(
+            tensor_model_parallel_size=run["tp"],
+            pipeline_model_parallel_size=run["pp"],
+            use_distributed_optimizer=run["distributed_optimizer"],
+        )
+        planned = stage_state_bytes(model_config(run["tied"]), parallel, dp=real["dp_size"], pp_rank=pp_rank)[
+            dp_rank
+        ]
         where = f"{case} rank (tp {tp_rank}, pp {pp_rank}, dp {dp_rank})"
         assert planned.parameters == real["parameters"], where
         assert planned.gradients == real["gradients"], where
@@ -48,7 +53,13 @@ def test_the_layouts_differ_where_megatron_pads_and_shards(measured: list[dict])
     # Guards the test above against comparing numbers that could not differ: the distributed optimizer
     # pads the buffers, and its two DP ranks own different numbers of elements.
     ranks = {tuple(rank["dp2-distopt1"]["measured"]["coordinates"]): rank for rank in measured}
-    plain, sharded = ranks[(0, 0, 0)]["dp2-distopt0"]["measured"], ranks[(0, 0, 0)]["dp2-distopt1"]["measured"]
+    plain, sharded = (
+        ranks[(0, 0, 0)]["dp2-distopt0"]["measured"],
+        ranks[(0, 0, 0)]["dp2-distopt1"]["measured"],
+    )
     assert sharded["gradients"] > plain["gradients"]
-    assert ranks[(0, 0, 0)]["dp2-distopt1"]["measured"]["moments"] != ranks[(0, 0, 1)]["dp2-distopt1"]["measured"]["moments"]
+    assert (
+        ranks[(0, 0, 0)]["dp2-distopt1"]["measured"]["moments"]
+        != ranks[(0, 0, 1)]["dp2-distopt1"]["measured"]["moments"]
+    )
     assert sharded["moments"] < plain["moments"]

@@ -58,7 +58,9 @@ def test_script_parses(script: Path) -> None:
 
 def test_scripts_are_shellcheck_clean() -> None:
     assert len(SCRIPTS) >= 6, SCRIPTS
-    result = subprocess.run([shellcheck(), "-x", *map(str, SCRIPTS)], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [shellcheck(), "-x", *map(str, SCRIPTS)], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -70,7 +72,7 @@ def test_sbatch_recipes_follow_the_protocol(script: Path) -> None:
     assert options["output"] == "logs/%x-%j.out" and options["open-mode"] == "append"
     assert "requeue" in options and re.fullmatch(r"B:USR1@\d+", options["signal"])
     assert options["job-name"] == script.stem
-    assert f"exec bash slurm/job.sh dapo_megatron.train experiment={script.stem} \"$@\"" in text
+    assert f'exec bash slurm/job.sh dapo_megatron.train experiment={script.stem} "$@"' in text
     # The allocation is the one the recipe is planned and validated for (its dry run / memory plan).
     cluster = C.to_job_config(C.compose([f"experiment={script.stem}"])).cluster
     assert (int(options["nodes"]), int(options["gpus-per-node"])) == (cluster.nodes, cluster.gpus_per_node)
@@ -83,10 +85,20 @@ def slurm_env(tmp_path: Path, nodes: int) -> dict[str, str]:
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     environ = {k: v for k, v in os.environ.items() if k not in ("RDZV_PORT", "CONTAINER_IMAGE")}
-    return dict(environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SLURM_LOG=str(tmp_path),
-                SLURM_JOB_ID=str(job_id_with_free_port()), SLURM_JOB_NAME="launch-test", SLURM_NNODES=str(nodes),
-                SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO),
-                GPUS_PER_NODE="1", PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return dict(
+        environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        FAKE_SLURM_LOG=str(tmp_path),
+        SLURM_JOB_ID=str(job_id_with_free_port()),
+        SLURM_JOB_NAME="launch-test",
+        SLURM_NNODES=str(nodes),
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_SUBMIT_DIR=str(REPO),
+        GPUS_PER_NODE="1",
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
 
 
 def job_id_with_free_port() -> int:
@@ -121,15 +133,29 @@ def test_two_nodes_rendezvous_and_train(tmp_path: Path) -> None:
     """slurm/launch.sh on 2 simulated nodes runs the supervised warm-up as one 2-rank data-parallel job."""
     env = slurm_env(tmp_path, nodes=2)
     out = tmp_path / "run"
-    args = ["dapo_megatron.trainer.warmup", f"output_dir={out}", "warmup.max_steps=2", "warmup.batch_size=8",
-            "warmup.micro_batch_size=4", "warmup.eval_size=4", "warmup.max_new_tokens=2"]
+    args = [
+        "dapo_megatron.trainer.warmup",
+        f"output_dir={out}",
+        "warmup.max_steps=2",
+        "warmup.batch_size=8",
+        "warmup.micro_batch_size=4",
+        "warmup.eval_size=4",
+        "warmup.max_new_tokens=2",
+    ]
     logs = [tmp_path / f"node{node}.log" for node in (0, 1)]
     processes = []
     for node, log in enumerate(logs):
         with open(log, "w") as sink:
-            processes.append(subprocess.Popen(
-                ["bash", str(SLURM_DIR / "launch.sh"), *args], cwd=tmp_path, env=dict(env, SLURM_NODEID=str(node)),
-                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
+            processes.append(
+                subprocess.Popen(
+                    ["bash", str(SLURM_DIR / "launch.sh"), *args],
+                    cwd=tmp_path,
+                    env=dict(env, SLURM_NODEID=str(node)),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     finish(processes, logs, timeout=150)
     first, second = (log.read_text() for log in logs)
     assert "[launch] node 1/2" in second and "rendezvous 127.0.0.1:" in second
@@ -144,8 +170,14 @@ def test_container_mounts_default_to_the_repository(tmp_path: Path) -> None:
     clone = tmp_path / "somewhere" / "repo"
     shutil.copytree(SLURM_DIR, clone / "slurm")
     env = {k: v for k, v in os.environ.items() if k != "CONTAINER_MOUNTS"}
-    result = subprocess.run(["bash", "-c", "source slurm/env.sh && echo \"$CONTAINER_MOUNTS\""], cwd=clone, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["bash", "-c", 'source slurm/env.sh && echo "$CONTAINER_MOUNTS"'],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert result.stdout.strip() == f"{clone}:{clone}"
 
 
@@ -156,9 +188,19 @@ def run_job_until_signal(env: dict[str, str], out: Path, log: Path, phase: str) 
         (out / name).unlink(missing_ok=True)
     with open(log, "w") as sink:
         job = subprocess.Popen(
-            ["bash", str(SLURM_DIR / "job.sh"), "tests.distributed.stop_worker", f"output_dir={out}",
-             "trainer.total_steps=100000"],
-            cwd=out.parent, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                "bash",
+                str(SLURM_DIR / "job.sh"),
+                "tests.distributed.stop_worker",
+                f"output_dir={out}",
+                "trainer.total_steps=100000",
+            ],
+            cwd=out.parent,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 90
     current = ""
     while job.poll() is None and time.monotonic() < deadline:

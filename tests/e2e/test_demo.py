@@ -23,7 +23,9 @@ def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -43,9 +45,21 @@ def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run([sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-                f"output_dir={out}", "trainer.total_steps=80", "eval.every=40", "trainer.save_every=40",
-                "trainer.on_unfilled_batch=train"], timeout=1800)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_megatron.train",
+            "experiment=demo",
+            f"model.hf_dir={demo_base}",
+            f"output_dir={out}",
+            "trainer.total_steps=80",
+            "eval.every=40",
+            "trainer.save_every=40",
+            "trainer.on_unfilled_batch=train",
+        ],
+        timeout=1800,
+    )
     accuracy = eval_accuracy(out)
     assert set(accuracy) == {0, 40, 80}
     assert accuracy[0] < 0.3
@@ -62,16 +76,39 @@ def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tm
     """PP2 with two engines: each rank launches one, rank 0 spreads the rollouts over both, and the sync check
     after every step compares each engine with the trainer."""
     out = tmp_path / "run"
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-         "-m", "dapo_megatron.train", "experiment=demo", "parallel=pp2", f"model.hf_dir={demo_base}",
-         f"output_dir={out}", "trainer.total_steps=2", "eval.every=0", "rollout.sync_check=always",
-         "rollout.num_engines=2", "trainer.on_unfilled_batch=train"], timeout=900)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "dapo_megatron.train",
+            "experiment=demo",
+            "parallel=pp2",
+            f"model.hf_dir={demo_base}",
+            f"output_dir={out}",
+            "trainer.total_steps=2",
+            "eval.every=0",
+            "rollout.sync_check=always",
+            "rollout.num_engines=2",
+            "trainer.on_unfilled_batch=train",
+        ],
+        timeout=900,
+    )
     records = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     startup = records[0]  # logged once, before the first step
-    assert startup["startup/total_s"] >= startup["startup/engine_wait_s"] + startup["startup/first_sync_s"] > 0
-    assert sorted(p.name for p in (out / "logs").glob("sglang_engine*.log")) == ["sglang_engine_0.log",
-                                                                                 "sglang_engine_1.log"]
+    assert (
+        startup["startup/total_s"] >= startup["startup/engine_wait_s"] + startup["startup/first_sync_s"] > 0
+    )
+    assert sorted(p.name for p in (out / "logs").glob("sglang_engine*.log")) == [
+        "sglang_engine_0.log",
+        "sglang_engine_1.log",
+    ]
 
 
 def step_records(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -79,14 +116,24 @@ def step_records(run_dir: Path) -> dict[int, dict[str, float]]:
     return {int(m["step"]): m for m in map(json.loads, lines) if "rollout/score" in m}
 
 
-def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_ahead(demo_base: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_ahead(
+    demo_base: Path, tmp_path: Path
+) -> None:
     """trainer.overlap_rollout: every batch after the first was sampled by weights one update older than those
     it trains (the engine reports the version it sampled with), and the console shows the wait. A checkpoint
     keeps the batch generated ahead: resumed from step 2, the job trains on exactly the batch the uninterrupted
     job trained on at step 3, to the same loss."""
-    common = [sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-              "trainer.overlap_rollout=true", "trainer.total_steps=3", "eval.every=0", "trainer.on_unfilled_batch=train"]
+    common = [
+        sys.executable,
+        "-m",
+        "dapo_megatron.train",
+        "experiment=demo",
+        f"model.hf_dir={demo_base}",
+        "trainer.overlap_rollout=true",
+        "trainer.total_steps=3",
+        "eval.every=0",
+        "trainer.on_unfilled_batch=train",
+    ]
     out = tmp_path / "run"
     proc = run([*common, f"output_dir={out}", "trainer.save_every=1"], timeout=900)
     records = step_records(out)
@@ -96,35 +143,67 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
     assert records[2]["rollout/policy_lag_min"] == records[2]["rollout/policy_lag_max"] == 1
     assert records[3]["rollout/policy_lag_min"] == 1
     resumed = tmp_path / "resumed"
-    run([*common, f"output_dir={resumed}", f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"], timeout=900)
+    run(
+        [*common, f"output_dir={resumed}", f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"],
+        timeout=900,
+    )
     again = step_records(resumed)
     assert sorted(again) == [3]
-    for key in ("rollout/score", "rollout/accuracy", "rollout/response_length", "rollout/policy_lag_mean",
-                "dynamic_sampling/kept_groups", "actor/pg_loss", "actor/pg_clipfrac"):
+    for key in (
+        "rollout/score",
+        "rollout/accuracy",
+        "rollout/response_length",
+        "rollout/policy_lag_mean",
+        "dynamic_sampling/kept_groups",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+    ):
         assert again[3][key] == records[3][key], key
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand between trainer and engine")
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand between trainer and engine"
+)
 def test_the_engine_takes_the_trainers_cores_while_the_trainer_waits(demo_base: Path, tmp_path: Path) -> None:
     """rollout.cpu_idle_cores (on by default, off in the demo) generating ahead: the engine computes on the rank's two cores while
     the trainer only waits for it (the first sync's check, the first batch) and on its own one beside the update
     (the batch ahead)."""
     out = tmp_path / "run"
-    run([sys.executable, "-m", "dapo_megatron.train", "experiment=demo", f"model.hf_dir={demo_base}",
-         f"output_dir={out}", "trainer.overlap_rollout=true", "rollout.cpu_idle_cores=true", "trainer.total_steps=2",
-         "eval.every=0", "trainer.on_unfilled_batch=train"], timeout=900)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_megatron.train",
+            "experiment=demo",
+            f"model.hf_dir={demo_base}",
+            f"output_dir={out}",
+            "trainer.overlap_rollout=true",
+            "rollout.cpu_idle_cores=true",
+            "trainer.total_steps=2",
+            "eval.every=0",
+            "trainer.on_unfilled_batch=train",
+        ],
+        timeout=900,
+    )
     log = (out / "logs" / "sglang_engine.log").read_text().splitlines()
     changes = [line.split("] ")[-1] for line in log if "intra-op threads" in line]
-    assert changes[:2] == ["engine computes on 2 intra-op threads", "engine computes on 1 intra-op threads"], changes
+    assert changes[:2] == [
+        "engine computes on 2 intra-op threads",
+        "engine computes on 1 intra-op threads",
+    ], changes
 
 
 DEMO_FOREVER = ["experiment=demo", "trainer.total_steps=1000", "eval.every=0", "trainer.save_every=0"]
 
 
-@pytest.mark.parametrize(("ranks", "overrides"), [(1, []), (2, []), (1, ["trainer.overlap_rollout=true"])],
-                         ids=["one-engine", "two-ranks-two-engines", "generating-ahead"])
-def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_path: Path, ranks: int,
-                                                         overrides: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("ranks", "overrides"),
+    [(1, []), (2, []), (1, ["trainer.overlap_rollout=true"])],
+    ids=["one-engine", "two-ranks-two-engines", "generating-ahead"],
+)
+def test_engine_killed_mid_rollout_fails_the_job_cleanly(
+    demo_base: Path, tmp_path: Path, ranks: int, overrides: list[str]
+) -> None:
     """The scheduler (the process an OOM killer would pick) dies while the driver generates, trains or pushes
     weights (the kill lands wherever the job is right after a step line): the job must stop with an error naming
     the engine and its log, and leave no process behind. With two ranks and an engine each, the dead engine is
@@ -133,20 +212,40 @@ def test_engine_killed_mid_rollout_fails_the_job_cleanly(demo_base: Path, tmp_pa
     out = tmp_path / "run"
     console = tmp_path / "console.txt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    launch = [sys.executable, "-m", "dapo_megatron.train"] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-        "-m", "dapo_megatron.train", "parallel=pp2", "rollout.num_engines=2"]
+    launch = (
+        [sys.executable, "-m", "dapo_megatron.train"]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "dapo_megatron.train",
+            "parallel=pp2",
+            "rollout.num_engines=2",
+        ]
+    )
     with open(console, "w") as sink:
-        trainer = subprocess.Popen([*launch, *DEMO_FOREVER, *overrides, f"model.hf_dir={demo_base}",
-                                    f"output_dir={out}"],
-                                   cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen(
+            [*launch, *DEMO_FOREVER, *overrides, f"model.hf_dir={demo_base}", f"output_dir={out}"],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 600
             while "step 1/1000" not in console.read_text():
                 assert trainer.poll() is None and time.monotonic() < deadline, console.read_text()[-3000:]
                 time.sleep(0.2)
             family = psutil.Process(trainer.pid).children(recursive=True)
-            scheduler = next(p for p in family if "scheduler" in p.name() and _launching_rank(p, trainer.pid) == ranks - 1)
+            scheduler = next(
+                p for p in family if "scheduler" in p.name() and _launching_rank(p, trainer.pid) == ranks - 1
+            )
             scheduler.kill()  # right after a step line: the next rollout is being generated
             code = trainer.wait(timeout=300)
         finally:

@@ -27,8 +27,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("tiny-qwen2")
     char_tokenizer.save(out)
-    tiny_qwen2(out, vocab_size=128, num_layers=2, max_positions=MAX_POSITIONS, seed=1234, eos_token_id=1,
-               pad_token_id=0, initializer_range=0.1)
+    tiny_qwen2(
+        out,
+        vocab_size=128,
+        num_layers=2,
+        max_positions=MAX_POSITIONS,
+        seed=1234,
+        eos_token_id=1,
+        pad_token_id=0,
+        initializer_range=0.1,
+    )
     return out
 
 
@@ -41,8 +49,13 @@ def hf_model(tiny_model_dir: Path) -> torch.nn.Module:
 
 def engine_config(**overrides: object) -> RolloutConfig:
     """Settings sized for the tiny model on a 2-core machine."""
-    defaults: dict[str, object] = {"dtype": "float32", "max_total_tokens": 16384, "startup_timeout_s": 180.0,
-                                   "request_timeout_s": 120.0, "max_concurrent_requests": 64}
+    defaults: dict[str, object] = {
+        "dtype": "float32",
+        "max_total_tokens": 16384,
+        "startup_timeout_s": 180.0,
+        "request_timeout_s": 120.0,
+        "max_concurrent_requests": 64,
+    }
     return RolloutConfig(**(defaults | overrides))  # type: ignore[arg-type]
 
 
@@ -71,8 +84,9 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
-def hf_log_probs(model: torch.nn.Module, prompt: list[int], output: list[int],
-                 temperature: float = 1.0) -> list[float]:
+def hf_log_probs(
+    model: torch.nn.Module, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> list[float]:
     """log_softmax(logits / T) of each output token given everything before it."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + output])).logits[0].double()
@@ -84,6 +98,12 @@ def hf_log_probs(model: torch.nn.Module, prompt: list[int], output: list[int],
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation that ignores EOS, like SGLang with temperature 0 and ignore_eos."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
-                             min_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()

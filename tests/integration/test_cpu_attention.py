@@ -72,8 +72,9 @@ COMPARE = textwrap.dedent("""
 
 
 def test_batched_attention_equals_sglang_per_sequence_loop() -> None:
-    done = subprocess.run([sys.executable, "-c", COMPARE], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPARE], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     diffs = json.loads(line.removeprefix("RESULT "))

@@ -19,13 +19,36 @@ gpu_check = load_script(REPO / "tools" / "gpu_check.py")
 @pytest.mark.sglang
 def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "tools/gpu_check.py", "--allow-cpu", "--steps", "1", "--batch-size", "4",
-         "--micro-batch-size", "2", "--seq-length", "32", "--logprob-tokens", "256", "--workdir", str(tmp_path),
-         "model=tiny", "rollout.startup_timeout_s=300"],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "tools/gpu_check.py",
+            "--allow-cpu",
+            "--steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--seq-length",
+            "32",
+            "--logprob-tokens",
+            "256",
+            "--workdir",
+            str(tmp_path),
+            "model=tiny",
+            "rollout.startup_timeout_s=300",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = {line.split(":")[0].split()[-1]: line for line in proc.stdout.splitlines()
-             if line.startswith("gpu_check ")}
+    lines = {
+        line.split(":")[0].split()[-1]: line
+        for line in proc.stdout.splitlines()
+        if line.startswith("gpu_check ")
+    }
     assert "ok" in lines["environment"] and "megatron-core 0.16.1" in lines["environment"]
     assert "CPU compatibility layer on" in lines["environment"]
     assert "ok" in lines["fp32"] and "ms/step" in lines["fp32"]
@@ -41,8 +64,9 @@ def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
 def test_without_a_gpu_it_says_so_and_exits_2() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = subprocess.run([sys.executable, "tools/gpu_check.py"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "tools/gpu_check.py"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2
     assert "no CUDA GPU is visible" in proc.stderr and "--allow-cpu" in proc.stderr
 

@@ -21,8 +21,11 @@ from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_greedy, 
 pytestmark = pytest.mark.sglang
 
 EOS = char_tokenizer.EOS_ID
-PROMPTS = [("hello", char_tokenizer.encode("Hello, world")), ("sum", char_tokenizer.encode("2 + 2 =")),
-           ("x", char_tokenizer.encode("x"))]
+PROMPTS = [
+    ("hello", char_tokenizer.encode("Hello, world")),
+    ("sum", char_tokenizer.encode("2 + 2 =")),
+    ("x", char_tokenizer.encode("x")),
+]
 LONG = 3000  # new tokens: several seconds of decoding, so an abort lands mid-generation
 
 
@@ -38,12 +41,16 @@ def eos_prompts(hf_model: torch.nn.Module) -> tuple[list[int], list[int]]:
     its first 200 greedy tokens. Found by scanning one-character prompts with Hugging Face."""
     starts = torch.arange(3, len(char_tokenizer.VOCAB)).view(-1, 1)
     with torch.no_grad():
-        first_tokens = hf_model.generate(starts, do_sample=False, max_new_tokens=8, min_new_tokens=8,
-                                         eos_token_id=None, pad_token_id=0)[:, 1:]
+        first_tokens = hf_model.generate(
+            starts, do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None, pad_token_id=0
+        )[:, 1:]
     ends_early = (first_tokens == EOS).any(dim=1).tolist()
     short = starts[ends_early.index(True)].tolist()
-    long = next(prompt for prompt, early in zip(starts.tolist(), ends_early, strict=True)
-                if not early and EOS not in hf_greedy(hf_model, prompt, 200))
+    long = next(
+        prompt
+        for prompt, early in zip(starts.tolist(), ends_early, strict=True)
+        if not early and EOS not in hf_greedy(hf_model, prompt, 200)
+    )
     return short, long
 
 
@@ -55,8 +62,9 @@ def max_error(samples: list[Sample], model: torch.nn.Module, temperature: float)
     return max(errors)
 
 
-def recording(prompts: list[tuple[Hashable, list[int]]],
-              pulled: list[Hashable]) -> Iterator[tuple[Hashable, list[int]]]:
+def recording(
+    prompts: list[tuple[Hashable, list[int]]], pulled: list[Hashable]
+) -> Iterator[tuple[Hashable, list[int]]]:
     for key, ids in prompts:
         pulled.append(key)
         yield key, ids
@@ -69,9 +77,9 @@ def abort_later(client: RolloutClient, key: Hashable, delay_s: float) -> threadi
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 1.0), (1.0, 0.7)])
-def test_sampled_log_probs_are_log_softmax_of_tempered_logits(client: RolloutClient,
-                                                              hf_model: torch.nn.Module,
-                                                              temperature: float, top_p: float) -> None:
+def test_sampled_log_probs_are_log_softmax_of_tempered_logits(
+    client: RolloutClient, hf_model: torch.nn.Module, temperature: float, top_p: float
+) -> None:
     groups = dict(client.stream_groups(PROMPTS, n=3, temperature=temperature, top_p=top_p, max_new_tokens=32))
     samples = [s for group in groups.values() for s in group]
     assert sum(len(s.output_ids) for s in samples) > 50
@@ -88,11 +96,17 @@ def test_greedy_matches_hf_greedy(client: RolloutClient, hf_model: torch.nn.Modu
     assert max_error([s for g in groups.values() for s in g], hf_model, 1.0) < 1e-4
 
 
-def test_groups_hold_n_distinct_samples_of_their_prompt(client: RolloutClient, capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "_PROGRESS_LOG_EVERY_S", 0.0)  # a progress line per group (no terminal here)
-    groups = list(client.stream_groups(PROMPTS, n=4, max_new_tokens=16, ignore_eos=True, progress=True,
-                                       progress_total=12))
+def test_groups_hold_n_distinct_samples_of_their_prompt(
+    client: RolloutClient, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        client_module, "_PROGRESS_LOG_EVERY_S", 0.0
+    )  # a progress line per group (no terminal here)
+    groups = list(
+        client.stream_groups(
+            PROMPTS, n=4, max_new_tokens=16, ignore_eos=True, progress=True, progress_total=12
+        )
+    )
     assert sorted(key for key, _ in groups) == sorted(key for key, _ in PROMPTS)
     prompt_of = dict(PROMPTS)
     for key, samples in groups:
@@ -104,8 +118,9 @@ def test_groups_hold_n_distinct_samples_of_their_prompt(client: RolloutClient, c
     assert "rollout: 12/12 samples" in capsys.readouterr().err  # the progress lines counted samples
 
 
-def test_finish_reasons(client: RolloutClient, hf_model: torch.nn.Module,
-                        eos_prompts: tuple[list[int], list[int]]) -> None:
+def test_finish_reasons(
+    client: RolloutClient, hf_model: torch.nn.Module, eos_prompts: tuple[list[int], list[int]]
+) -> None:
     def one(prompt: list[int], **kwargs: object) -> Sample:
         [(_, [sample])] = list(client.stream_groups([("p", prompt)], n=1, temperature=0.0, **kwargs))
         return sample
@@ -114,7 +129,7 @@ def test_finish_reasons(client: RolloutClient, hf_model: torch.nn.Module,
     greedy = hf_greedy(hf_model, prompt, 20)
     cut = next(i for i in range(1, 20) if greedy[i] not in greedy[:i])
     stopped = one(prompt, max_new_tokens=20, stop_token_ids=[greedy[cut]])
-    assert (stopped.finish_reason, stopped.output_ids) == ("stop", greedy[:cut + 1])  # stop token included
+    assert (stopped.finish_reason, stopped.output_ids) == ("stop", greedy[: cut + 1])  # stop token included
 
     short, _ = eos_prompts
     ended = one(short, max_new_tokens=20)
@@ -125,16 +140,22 @@ def test_finish_reasons(client: RolloutClient, hf_model: torch.nn.Module,
     assert (truncated.finish_reason, len(truncated.output_ids)) == ("length", 20)
 
 
-def test_groups_come_back_in_completion_order(client: RolloutClient,
-                                              eos_prompts: tuple[list[int], list[int]]) -> None:
+def test_groups_come_back_in_completion_order(
+    client: RolloutClient, eos_prompts: tuple[list[int], list[int]]
+) -> None:
     short, long = eos_prompts
-    order = [key for key, _ in client.stream_groups([("long", long), ("short", short)], n=2, temperature=0.0,
-                                                    max_new_tokens=200)]
+    order = [
+        key
+        for key, _ in client.stream_groups(
+            [("long", long), ("short", short)], n=2, temperature=0.0, max_new_tokens=200
+        )
+    ]
     assert order == ["short", "long"]
 
 
-def test_prompts_are_pulled_lazily_and_aborts_return_partial_samples(engine: SGLangEngine,
-                                                                     hf_model: torch.nn.Module) -> None:
+def test_prompts_are_pulled_lazily_and_aborts_return_partial_samples(
+    engine: SGLangEngine, hf_model: torch.nn.Module
+) -> None:
     prompts = [(i, char_tokenizer.encode(f"prompt {i}")) for i in range(6)]
     pulled: list[Hashable] = []
     with RolloutClient(engine.url, engine_config(max_concurrent_requests=2)) as client:  # two groups of n=1
@@ -151,8 +172,9 @@ def test_prompts_are_pulled_lazily_and_aborts_return_partial_samples(engine: SGL
         assert sorted(rest) == [1, 2]
         assert pulled == [0, 1, 2]  # nothing pulled after abort_all
         partial = [s for samples in rest.values() for s in samples]
-        assert all(s.finish_reason == "abort" and len(s.output_ids) < LONG for s in partial), \
-            [(s.key, s.finish_reason, len(s.output_ids)) for s in partial]
+        assert all(s.finish_reason == "abort" and len(s.output_ids) < LONG for s in partial), [
+            (s.key, s.finish_reason, len(s.output_ids)) for s in partial
+        ]
         assert len(rest[1][0].output_ids) > 0  # prompt 2 may have been aborted before its first token
         assert max_error([first, *partial], hf_model, 1.0) < 1e-4  # partial samples are usable as they are
 
@@ -209,8 +231,9 @@ def test_teacher_forced_log_probs_reproduce_sampled_ones(client: RolloutClient) 
     """The check the trainer runs after a weight sync: engine scoring agrees with engine sampling."""
     groups = dict(client.stream_groups(PROMPTS, n=2, temperature=1.0, max_new_tokens=24))
     samples = [s for group in groups.values() for s in group]
-    scored = client.teacher_forced_log_probs([s.prompt_ids + s.output_ids for s in samples],
-                                             [len(s.prompt_ids) for s in samples])
+    scored = client.teacher_forced_log_probs(
+        [s.prompt_ids + s.output_ids for s in samples], [len(s.prompt_ids) for s in samples]
+    )
     for sample, got in zip(samples, scored, strict=True):
         assert got == pytest.approx(sample.logprobs, abs=1e-4)
 

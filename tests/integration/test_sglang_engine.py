@@ -40,8 +40,11 @@ PROMPT = char_tokenizer.encode("The quick brown fox")
 
 def greedy(engine: SGLangEngine, prompt: list[int], max_new_tokens: int) -> list[int]:
     with RolloutClient(engine.url, engine.cfg) as client:
-        [(_, [sample])] = list(client.stream_groups([("greedy", prompt)], n=1, temperature=0.0,
-                                                    max_new_tokens=max_new_tokens, ignore_eos=True))
+        [(_, [sample])] = list(
+            client.stream_groups(
+                [("greedy", prompt)], n=1, temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True
+            )
+        )
     return sample.output_ids
 
 
@@ -54,8 +57,9 @@ def processes_with_argument(text: str) -> list[psutil.Process]:
     return found
 
 
-def test_started_engine_is_healthy_and_generates_hf_greedy(engine: SGLangEngine,
-                                                           hf_model: torch.nn.Module) -> None:
+def test_started_engine_is_healthy_and_generates_hf_greedy(
+    engine: SGLangEngine, hf_model: torch.nn.Module
+) -> None:
     assert engine.is_alive()
     engine.check_alive()
     assert len(process_tree(engine.pid)) >= 3  # launcher, scheduler, detokenizer
@@ -77,8 +81,9 @@ def test_idle_engine_leaves_the_cores_to_the_trainer(engine: SGLangEngine) -> No
     assert time.monotonic() - started < 2.0  # a sleeping scheduler still answers promptly
 
 
-def test_release_and_staged_resume_keep_generation_correct(engine: SGLangEngine,
-                                                           hf_model: torch.nn.Module) -> None:
+def test_release_and_staged_resume_keep_generation_correct(
+    engine: SGLangEngine, hf_model: torch.nn.Module
+) -> None:
     engine.release_memory()
     engine.resume_memory(["weights"])
     engine.resume_memory(["kv_cache"])
@@ -96,10 +101,12 @@ def test_flush_cache_and_weight_version_label_later_samples(engine: SGLangEngine
     assert [s.weight_version for s in samples] == ["step-7", "step-7"]
 
 
-def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(engine: SGLangEngine,
-                                                                        hf_model: torch.nn.Module) -> None:
+def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(
+    engine: SGLangEngine, hf_model: torch.nn.Module
+) -> None:
     """The count the trainer asks for reaches the engine's forward pass (logged from there) and generation
     stays the same; asking again for the same count changes nothing."""
+
     def changes() -> list[str]:
         return [line for line in engine.log_file.read_text().splitlines() if "intra-op threads" in line]
 
@@ -109,7 +116,9 @@ def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(engine: 
     try:
         engine.set_cpu_threads(2)
         assert greedy(engine, PROMPT, 24) == hf_greedy(hf_model, PROMPT, 24)
-        assert [line.split("] ")[-1] for line in changes()[seen:]] == ["engine computes on 2 intra-op threads"]
+        assert [line.split("] ")[-1] for line in changes()[seen:]] == [
+            "engine computes on 2 intra-op threads"
+        ]
         engine.set_cpu_threads(2)
         greedy(engine, PROMPT, 4)
         assert len(changes()) == seen + 1
@@ -170,8 +179,9 @@ def test_port_in_use_is_refused_before_launch(tiny_model_dir: Path, tmp_path: Pa
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        engine = SGLangEngine(tiny_model_dir, engine_config(), log_file=tmp_path / "engine.log",
-                              port=sock.getsockname()[1])
+        engine = SGLangEngine(
+            tiny_model_dir, engine_config(), log_file=tmp_path / "engine.log", port=sock.getsockname()[1]
+        )
         with pytest.raises(EngineError, match="already in use"):
             engine.start()
     assert engine.pid is None
@@ -193,8 +203,9 @@ TRAINER = textwrap.dedent("""
 def test_shutdown_on_sigterm_to_the_trainer_leaves_no_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     args = [str(tiny_model_dir), str(tmp_path / "engine.log"), str(port)]
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, *args], cwd=REPO, stdout=subprocess.PIPE,
-                               text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, *args], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         server_pid = int(trainer.stdout.readline())  # type: ignore[union-attr]
         tree = process_tree(server_pid)

@@ -50,7 +50,9 @@ def test_two_engines_on_one_node_take_a_broadcast_from_each_stage(tmp_path: Path
 
 def check_report(report: dict[str, Any], *, engines: int) -> None:
     assert len(report["after_sync"]) == engines
-    assert min(report["before_sync"]) > 0.1, "the engines must start from other weights, or the test proves nothing"
+    assert min(report["before_sync"]) > 0.1, (
+        "the engines must start from other weights, or the test proves nothing"
+    )
     assert max(report["after_sync"]) < 1e-4
     assert report["buckets"] > 1, "the tiny model must span several buckets"
     assert report["greedy_engines"] == [report["greedy_trainer"]] * engines

@@ -21,7 +21,9 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--bucket-kb", type=int, default=64, help="small: the tiny model needs several buckets")
+    parser.add_argument(
+        "--bucket-kb", type=int, default=64, help="small: the tiny model needs several buckets"
+    )
     parser.add_argument("--method", choices=["tensor", "distributed"], default="tensor")
     parser.add_argument("--engines", type=int, default=1)
     args = parser.parse_args()
@@ -47,8 +49,17 @@ def main() -> None:
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
     from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
 
-    cfg = ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                      vocab_size=128, max_position_embeddings=256, params_dtype="float32", transformer_impl="local")
+    cfg = ModelConfig(
+        num_layers=4,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        params_dtype="float32",
+        transformer_impl="local",
+    )
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
     layout = initialize(parallel, seed=3)
     rollout = RolloutConfig(max_total_tokens=4096, startup_timeout_s=240, num_engines=args.engines)
@@ -57,8 +68,11 @@ def main() -> None:
     hf_dir = root / "engine_start"
     if layout.rank == 0:
         torch.manual_seed(123)  # weights unrelated to the trainer's
-        Qwen2ForCausalLM(Qwen2Config(**cfg.to_hf_config(), eos_token_id=char_tokenizer.EOS_ID,
-                                     pad_token_id=char_tokenizer.PAD_ID)).save_pretrained(hf_dir)
+        Qwen2ForCausalLM(
+            Qwen2Config(
+                **cfg.to_hf_config(), eos_token_id=char_tokenizer.EOS_ID, pad_token_id=char_tokenizer.PAD_ID
+            )
+        ).save_pretrained(hf_dir)
         char_tokenizer.save(hf_dir)
     torch.distributed.barrier()
     engine = None
@@ -73,8 +87,14 @@ def main() -> None:
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=3e-2, weight_decay=0.0), parallel, cfg)
     actor = Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
-    sync = SYNC_METHODS[args.method](urls, cfg, layout, bucket_bytes=args.bucket_kb * 1024, timeout_s=120,
-                                     engine_owners=[placement.owner(e) for e in range(placement.num_engines)])
+    sync = SYNC_METHODS[args.method](
+        urls,
+        cfg,
+        layout,
+        bucket_bytes=args.bucket_kb * 1024,
+        timeout_s=120,
+        engine_owners=[placement.owner(e) for e in range(placement.num_engines)],
+    )
     client = RolloutClient(urls, rollout) if layout.rank == 0 else None
 
     # Probe: prompts of the demo task followed by fixed continuations; every non-prompt token is scored.
@@ -89,18 +109,34 @@ def main() -> None:
         trainer = actor.compute_log_probs(probe, micro_batch_size=3, temperature=1.0)
         if client is None:
             return []
-        return [float(((engine_log_probs(client, prompts, continuations, engine=e) - trainer).abs() * mask).max())
-                for e in range(len(urls))]
+        return [
+            float(((engine_log_probs(client, prompts, continuations, engine=e) - trainer).abs() * mask).max())
+            for e in range(len(urls))
+        ]
 
     def greedy_all() -> tuple[list[list[int]], list[list[list[int]]]]:
         """The trainer's greedy continuations, and each engine's."""
-        mine = greedy_generate(model, prompts, layout, max_new_tokens=8, eos_token_id=char_tokenizer.EOS_ID,
-                               pad_token_id=char_tokenizer.PAD_ID, vocab_size=cfg.vocab_size)
+        mine = greedy_generate(
+            model,
+            prompts,
+            layout,
+            max_new_tokens=8,
+            eos_token_id=char_tokenizer.EOS_ID,
+            pad_token_id=char_tokenizer.PAD_ID,
+            vocab_size=cfg.vocab_size,
+        )
         theirs = []
         for url in urls if client is not None else []:
             with RolloutClient(url, rollout) as one:
-                groups = dict(one.stream_groups(enumerate(prompts), n=1, temperature=0.0, max_new_tokens=8,
-                                                stop_token_ids=[char_tokenizer.EOS_ID]))
+                groups = dict(
+                    one.stream_groups(
+                        enumerate(prompts),
+                        n=1,
+                        temperature=0.0,
+                        max_new_tokens=8,
+                        stop_token_ids=[char_tokenizer.EOS_ID],
+                    )
+                )
             theirs.append([groups[i][0].output_ids for i in range(len(prompts))])
             report["weight_version"] = groups[0][0].weight_version
         return mine, theirs
@@ -111,8 +147,11 @@ def main() -> None:
     report["after_sync"] = diffs()
     report["greedy_trainer"], report["greedy_engines"] = greedy_all()
     if client is not None:  # one stream over all engines: each group goes to the least busy one
-        samples = [s for _, group in client.stream_groups(enumerate(prompts * 4), n=2, max_new_tokens=8)
-                   for s in group]
+        samples = [
+            s
+            for _, group in client.stream_groups(enumerate(prompts * 4), n=2, max_new_tokens=8)
+            for s in group
+        ]
         report["engines_used"] = sorted({s.engine for s in samples})
         report["urls"] = urls
     relayed = [rank for route in sync.routes for rank in route.relayed]
@@ -121,7 +160,9 @@ def main() -> None:
     before = actor.compute_log_probs(probe, micro_batch_size=3)
     for _ in range(3):
         actor.train_step(rows, micro_batch_size=3)
-    report["trainer_change"] = float(((actor.compute_log_probs(probe, micro_batch_size=3) - before).abs() * mask).max())
+    report["trainer_change"] = float(
+        ((actor.compute_log_probs(probe, micro_batch_size=3) - before).abs() * mask).max()
+    )
     report["stale_engine"] = diffs()
     sync.sync(model, "step-1")
     report["after_second_sync"] = diffs()

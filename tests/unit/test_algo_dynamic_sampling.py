@@ -9,9 +9,17 @@ from hypothesis import strategies as st
 from dapo_megatron.algo.dynamic_sampling import BatchCollector, judge_group
 
 
-@pytest.mark.parametrize(("accuracies", "reason"), [
-    ([True, True, True], "all_correct"), ([False, False], "all_wrong"), ([True, False, False], "mixed"),
-    ([False, True], "mixed"), ([True], "singleton"), ([False], "singleton")])
+@pytest.mark.parametrize(
+    ("accuracies", "reason"),
+    [
+        ([True, True, True], "all_correct"),
+        ([False, False], "all_wrong"),
+        ([True, False, False], "mixed"),
+        ([False, True], "mixed"),
+        ([True], "singleton"),
+        ([False], "singleton"),
+    ],
+)
 def test_judge_group(accuracies: list[bool], reason: str) -> None:
     assert judge_group(accuracies) == reason
 
@@ -42,11 +50,14 @@ def test_collector_admits_in_draw_order_and_counts_reasons() -> None:
 
 def test_without_the_filter_every_group_is_kept_and_judged_for_the_metrics() -> None:
     collector: BatchCollector[str] = BatchCollector(target_groups=3)
-    assert [collector.take(g, a) for g, a in (("a", [True, True]), ("b", [False, True]), ("c", [False, False]))] == [
-        "all_correct", "mixed", "all_wrong"]
+    assert [
+        collector.take(g, a) for g, a in (("a", [True, True]), ("b", [False, True]), ("c", [False, False]))
+    ] == ["all_correct", "mixed", "all_wrong"]
     assert collector.full and collector.kept == ["a", "b", "c"]
     metrics = collector.metrics()
-    assert metrics["keep_ratio"] == pytest.approx(1 / 3) and metrics["judged_groups"] == 3  # the informative share
+    assert (
+        metrics["keep_ratio"] == pytest.approx(1 / 3) and metrics["judged_groups"] == 3
+    )  # the informative share
 
 
 def test_carried_groups_take_their_place_in_the_order() -> None:
@@ -65,10 +76,14 @@ def test_a_group_resolved_twice_is_an_error() -> None:
         collector.offer(0, "a", [True, False])
 
 
-@given(st.permutations(range(30)), st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=30,
-                                            max_size=30), st.integers(1, 10))
-def test_the_batch_does_not_depend_on_completion_order(order: list[int], groups: list[list[bool]],
-                                                       target: int) -> None:
+@given(
+    st.permutations(range(30)),
+    st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=30, max_size=30),
+    st.integers(1, 10),
+)
+def test_the_batch_does_not_depend_on_completion_order(
+    order: list[int], groups: list[list[bool]], target: int
+) -> None:
     """Whatever order the groups complete in, the batch is the first `target` informative ones by draw."""
     collector: BatchCollector[int] = BatchCollector(target_groups=target)
     for index in order:

@@ -79,19 +79,30 @@ def test_column_targets_work_every_column_and_end_in_the_sum() -> None:
 
 def test_the_scorer_grades_the_final_answer_of_column_targets() -> None:
     problem = arithmetic.problems("eval", task="column_addition")[0]
-    assert compute_score(problem.target, problem.answer) == {"score": 1.0, "acc": True, "pred": problem.answer}
+    assert compute_score(problem.target, problem.answer) == {
+        "score": 1.0,
+        "acc": True,
+        "pred": problem.answer,
+    }
     off_by_one = str(int(problem.answer) + 1)
     wrong = problem.working + f"Answer: {off_by_one}"
-    assert compute_score(wrong, problem.answer)["score"] == -1.0 and not compute_score(wrong, problem.answer)["acc"]
+    assert (
+        compute_score(wrong, problem.answer)["score"] == -1.0
+        and not compute_score(wrong, problem.answer)["acc"]
+    )
     assert not compute_score(problem.working, problem.answer)["acc"]  # working without an answer line
     # Only the answer line is graded: wrong working with the right answer still scores.
-    assert compute_score("units: 1+1+0=02 write 2 carry 0\n" + f"Answer: {problem.answer}", problem.answer)["acc"]
+    assert compute_score("units: 1+1+0=02 write 2 carry 0\n" + f"Answer: {problem.answer}", problem.answer)[
+        "acc"
+    ]
 
 
 def test_column_lengths_fit_the_benchmark_budget() -> None:
     """~110-token responses under bench_e2e_trl's 128-token cap, short of its 16-token overlong buffer, and
     prompts within configs/experiment/demo.yaml's 32-token prompt limit."""
-    problems = arithmetic.problems("eval", task="column_addition") + arithmetic.problems("rl", task="column_addition")
+    problems = arithmetic.problems("eval", task="column_addition") + arithmetic.problems(
+        "rl", task="column_addition"
+    )
     response = {len(char_tokenizer.encode(p.target)) + 1 for p in problems}  # + EOS
     assert min(response) >= 100 and max(response) <= 128 - 16
     assert max(len(char_tokenizer.encode(p.prompt)) for p in problems) <= 32

@@ -20,15 +20,21 @@ SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3)
 
 def run(seconds_per_step: float, accuracies: list[float]) -> dict[str, Any]:
     """A run of 5-step evaluations whose step takes `seconds_per_step`, accuracies at steps 0, 5, 10, ..."""
-    steps = [{"seconds": seconds_per_step, "trained": 64, "generated": 64, "tokens": 6400, "informative": 64}
-             for _ in range(5 * (len(accuracies) - 1))]
+    steps = [
+        {"seconds": seconds_per_step, "trained": 64, "generated": 64, "tokens": 6400, "informative": 64}
+        for _ in range(5 * (len(accuracies) - 1))
+    ]
     evals = [(5 * i, acc, 10.0 + 5 * i * seconds_per_step) for i, acc in enumerate(accuracies)]
     return bench.summarise(steps, evals, startup=10.0, size=SIZE)
 
 
 def test_time_to_accuracy_is_the_upper_median_with_misses_counted_as_later() -> None:
     fast, slow, miss = run(10.0, [0.2, 0.3]), run(10.0, [0.2, 0.25, 0.31]), run(10.0, [0.2, 0.25, 0.29])
-    assert (fast["time_to_accuracy_s"], slow["time_to_accuracy_s"], miss["time_to_accuracy_s"]) == (60.0, 110.0, None)
+    assert (fast["time_to_accuracy_s"], slow["time_to_accuracy_s"], miss["time_to_accuracy_s"]) == (
+        60.0,
+        110.0,
+        None,
+    )
     # Two of three reached it: the median run is the slower of those two, and its accuracies come along.
     three = bench.over_runs([miss, fast, slow])
     assert three["time_to_accuracy_s"] == 110.0 and three["reached_at_step"] == 10
@@ -48,16 +54,24 @@ def test_rates_pool_every_runs_steps() -> None:
     assert pooled["runs"] == [quick, slow]
 
 
-@pytest.mark.parametrize(("flag", "message"), [("--repeats=0", "--repeats must be at least 1"),
-                                              ("--pairs=-1", "--pairs must be at least 0")])
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("--repeats=0", "--repeats must be at least 1"), ("--pairs=-1", "--pairs must be at least 0")],
+)
 def test_bad_counts_are_refused_before_anything_runs(flag: str, message: str) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), flag],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_e2e_trl.py"), flag],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_throughput_pairs_run_both_sides_on_the_same_steps_and_ratio_each_pair(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[tuple[str, Any, dict[str, Any]]] = []
 
     def trl(size: Any, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -74,7 +88,9 @@ def test_throughput_pairs_run_both_sides_on_the_same_steps_and_ratio_each_pair(
     assert [side for side, _, _ in calls] == ["trl", "ours", "trl", "ours"]
     # Both sides run the same-work step count; this project without dynamic sampling, generating ahead.
     assert all(size.trl_steps == size.same_work_steps == SIZE.same_work_steps for _, size, _ in calls)
-    assert all(how == {"dynamic_sampling": False, "overlap": True} for side, _, how in calls if side == "ours")
+    assert all(
+        how == {"dynamic_sampling": False, "overlap": True} for side, _, how in calls if side == "ours"
+    )
     assert [pair["ratio"] for pair in pairs] == pytest.approx([30.0 / 20.0, 10.0 / 20.0])
     assert all((tmp_path / f"pair{i}").is_dir() for i in range(2))
 

@@ -24,7 +24,8 @@ def make_checkpoint(root: Path, step: int, *, manifest: bool = True) -> Path:
 
 
 def test_empty_or_cut_tracker_falls_back_to_the_newest_complete_checkpoint(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     make_checkpoint(tmp_path, 1)
     newest = make_checkpoint(tmp_path, 10)
     tracker = tmp_path / checkpoint.TRACKER_FILE
@@ -36,14 +37,19 @@ def test_empty_or_cut_tracker_falls_back_to_the_newest_complete_checkpoint(
     assert checkpoint.resolve(tmp_path) == checkpoint.step_dir(tmp_path, 1)
 
 
-def test_a_truncated_trainer_state_is_skipped_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_truncated_trainer_state_is_skipped_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     older = make_checkpoint(tmp_path, 5)
     damaged = make_checkpoint(tmp_path, 10)
     (tmp_path / checkpoint.TRACKER_FILE).write_text("10\n")
     state = damaged / checkpoint.TRAINER_STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
     assert checkpoint.resolve(tmp_path) == older
-    assert f"iter_0000010 ({checkpoint.TRAINER_STATE_FILE} has 100 bytes, the manifest says" in capsys.readouterr().err
+    assert (
+        f"iter_0000010 ({checkpoint.TRAINER_STATE_FILE} has 100 bytes, the manifest says"
+        in capsys.readouterr().err
+    )
     with pytest.raises(ValueError, match="iter_0000010 is incomplete or damaged"):
         checkpoint.resolve(damaged)  # named explicitly: no silent substitute
 
@@ -103,12 +109,18 @@ def test_manifest_and_tracker_are_fsynced(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(os, "fsync", recording_fsync)
     directory = make_checkpoint(tmp_path, 7)
     checkpoint._write_atomically(tmp_path / checkpoint.TRACKER_FILE, "7\n")
-    for path in (directory / "__0_0.distcp", directory / checkpoint.TRAINER_STATE_FILE, directory,
-                 directory / (checkpoint.MANIFEST_FILE + ".tmp"), tmp_path / (checkpoint.TRACKER_FILE + ".tmp"),
-                 tmp_path):
+    for path in (
+        directory / "__0_0.distcp",
+        directory / checkpoint.TRAINER_STATE_FILE,
+        directory,
+        directory / (checkpoint.MANIFEST_FILE + ".tmp"),
+        tmp_path / (checkpoint.TRACKER_FILE + ".tmp"),
+        tmp_path,
+    ):
         assert str(path) in synced, path
     assert synced.index(str(directory / checkpoint.TRAINER_STATE_FILE)) < synced.index(
-        str(directory / (checkpoint.MANIFEST_FILE + ".tmp")))
+        str(directory / (checkpoint.MANIFEST_FILE + ".tmp"))
+    )
 
 
 class _RunsCode:
@@ -123,9 +135,22 @@ def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> No
     from dapo_megatron.distributed.layout import ParallelLayout
 
     directory = make_checkpoint(tmp_path, 2, manifest=False)
-    layout = ParallelLayout(world_size=1, rank=0, local_rank=0, node=0, master_addr="127.0.0.1", tp_size=1,
-                            pp_size=1, dp_size=1, tp_rank=0, pp_rank=0, dp_rank=0, pp_last_rank=0,
-                            device=torch.device("cpu"), backend="gloo")
+    layout = ParallelLayout(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        node=0,
+        master_addr="127.0.0.1",
+        tp_size=1,
+        pp_size=1,
+        dp_size=1,
+        tp_rank=0,
+        pp_rank=0,
+        dp_rank=0,
+        pp_last_rank=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+    )
     marker = tmp_path / "code_ran"
     torch.save({"layout": None, "payload": _RunsCode(marker)}, directory / "rank_00000.pt")
     with pytest.raises(ValueError, match=r"cannot read .*rank_00000\.pt: UnpicklingError"):
@@ -142,8 +167,11 @@ def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path
 
     from dapo_megatron.trainer.config import TrainerConfig
 
-    saved = {"step": 3, "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
-             "backlog": [TrainerConfig(total_steps=7)]}
+    saved = {
+        "step": 3,
+        "rng": {"numpy": np.random.get_state(), "python": random.getstate()},
+        "backlog": [TrainerConfig(total_steps=7)],
+    }
     directory = make_checkpoint(tmp_path, 3, manifest=False)
     torch.save(saved, directory / checkpoint.TRAINER_STATE_FILE)
     loaded = checkpoint._load_state(directory / checkpoint.TRAINER_STATE_FILE)
@@ -151,8 +179,9 @@ def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path
     assert np.array_equal(loaded["rng"]["numpy"][1], saved["rng"]["numpy"][1])
 
 
-def test_records_saved_under_a_module_that_is_gone_still_load(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_records_saved_under_a_module_that_is_gone_still_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Checkpoints pickle the backlog's records by class path; the records have moved into dapo_megatron.records.
     import sys
     import types

@@ -34,8 +34,10 @@ def test_groups_the_issue_asks_for_exist() -> None:
     assert {"tiny", "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-32b"} <= set(options("model"))
 
 
-@pytest.mark.parametrize(("name", "expected_params"), [
-    ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-7b", 7_615_616_512), ("qwen2.5-32b", 32_763_876_352)])
+@pytest.mark.parametrize(
+    ("name", "expected_params"),
+    [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-7b", 7_615_616_512), ("qwen2.5-32b", 32_763_876_352)],
+)
 def test_model_configs_have_the_real_shapes(name: str, expected_params: int) -> None:
     # Parameter counts of the published checkpoints (sum of numel over their safetensors).
     model = C.load([f"model={name}"]).model
@@ -73,32 +75,67 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
         C.compose([], config_dir=tmp_path / "configs")
 
 
-@pytest.mark.parametrize(("overrides", "world", "message"), [
-    (["parallel.tensor_model_parallel_size=3"], 3,
-     "model.num_attention_heads=4 is not divisible by parallel.tensor_model_parallel_size=3"),
-    (["model=qwen2.5-32b", "parallel.tensor_model_parallel_size=5"], 5,
-     "model.num_query_groups=8 is not divisible by parallel.tensor_model_parallel_size=5; the largest "
-     "tensor-parallel size up to 5 that fits this model is 4"),
-    (["model.num_layers=3", "parallel.pipeline_model_parallel_size=2"], 2,
-     "model.num_layers=3 is not divisible by parallel.pipeline_model_parallel_size=2"),
-    (["parallel=tp2pp2"], 6, "world size 6 is not a multiple of tensor x pipeline parallel = 2 x 2 = 4"),
-    (["optim.lr=0"], 1, "optim.lr must be > 0"),
-    (["model.params_dtype=fp8"], 1, "model.params_dtype must be"),
-    (["parallel.sequence_parallel=true"], 1,
-     "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1"),
-    (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
-    (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
-    (["model.num_attention_heads=6", "model.num_query_groups=4"], 1, "model.num_attention_heads \\(6\\) must be divisible"),
-    (["trainer.overlap_rollout=true"], 1,
-     "trainer.overlap_rollout=true trains each batch one step after .*; set algo.old_log_prob_source=rollout or "),
-    (["algo.old_log_prob_source=rollout", "rollout.sync_check=off"], 1,
-     "old_log_prob_source=rollout takes pi_old from the engine, but rollout.sync_check=off leaves"),
-    (["algo.old_log_prob_source=rollout", "rollout.quantization=fp8"], 1,
-     "but rollout.quantization=fp8 samples from a quantized copy .*; set algo.old_log_prob_source=trainer$"),
-    (["model.fp8.enabled=true", "model.fp8.param_gather=true", "parallel.use_distributed_optimizer=true"], 1,
-     "model.fp8.param_gather=true .* sync would send them to the engine undequantised .*; set "
-     "model.fp8.param_gather=false"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "world", "message"),
+    [
+        (
+            ["parallel.tensor_model_parallel_size=3"],
+            3,
+            "model.num_attention_heads=4 is not divisible by parallel.tensor_model_parallel_size=3",
+        ),
+        (
+            ["model=qwen2.5-32b", "parallel.tensor_model_parallel_size=5"],
+            5,
+            "model.num_query_groups=8 is not divisible by parallel.tensor_model_parallel_size=5; the largest "
+            "tensor-parallel size up to 5 that fits this model is 4",
+        ),
+        (
+            ["model.num_layers=3", "parallel.pipeline_model_parallel_size=2"],
+            2,
+            "model.num_layers=3 is not divisible by parallel.pipeline_model_parallel_size=2",
+        ),
+        (["parallel=tp2pp2"], 6, "world size 6 is not a multiple of tensor x pipeline parallel = 2 x 2 = 4"),
+        (["optim.lr=0"], 1, "optim.lr must be > 0"),
+        (["model.params_dtype=fp8"], 1, "model.params_dtype must be"),
+        (
+            ["parallel.sequence_parallel=true"],
+            1,
+            "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1",
+        ),
+        (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
+        (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
+        (
+            ["model.num_attention_heads=6", "model.num_query_groups=4"],
+            1,
+            "model.num_attention_heads \\(6\\) must be divisible",
+        ),
+        (
+            ["trainer.overlap_rollout=true"],
+            1,
+            "trainer.overlap_rollout=true trains each batch one step after .*; set algo.old_log_prob_source=rollout or ",
+        ),
+        (
+            ["algo.old_log_prob_source=rollout", "rollout.sync_check=off"],
+            1,
+            "old_log_prob_source=rollout takes pi_old from the engine, but rollout.sync_check=off leaves",
+        ),
+        (
+            ["algo.old_log_prob_source=rollout", "rollout.quantization=fp8"],
+            1,
+            "but rollout.quantization=fp8 samples from a quantized copy .*; set algo.old_log_prob_source=trainer$",
+        ),
+        (
+            [
+                "model.fp8.enabled=true",
+                "model.fp8.param_gather=true",
+                "parallel.use_distributed_optimizer=true",
+            ],
+            1,
+            "model.fp8.param_gather=true .* sync would send them to the engine undequantised .*; set "
+            "model.fp8.param_gather=false",
+        ),
+    ],
+)
 def test_impossible_configs_name_the_field(overrides: list[str], world: int, message: str) -> None:
     with pytest.raises(C.ConfigError, match=message):
         C.load(overrides, world_size=world)
@@ -107,7 +144,9 @@ def test_impossible_configs_name_the_field(overrides: list[str], world: int, mes
 def test_sequence_parallel_runs_on_local_layers() -> None:
     # The local layer spec carries a norm that marks its weight for the TP gradient all-reduce, so CPU and
     # laptop runs (gloo) use sequence parallelism as the GPU recipes do.
-    job = C.load(["parallel=tp2", "parallel.sequence_parallel=true", "model.transformer_impl=local"], world_size=2)
+    job = C.load(
+        ["parallel=tp2", "parallel.sequence_parallel=true", "model.transformer_impl=local"], world_size=2
+    )
     assert job.parallel.sequence_parallel and job.model.transformer_impl == "local"
 
 
@@ -115,10 +154,12 @@ def test_validation_happens_before_megatron_is_imported() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom dapo_megatron import config as C\n"
-            "try:\n    C.load(['parallel.tensor_model_parallel_size=3'], world_size=3)\n"
-            "except C.ConfigError:\n    pass\n"
-            "assert 'megatron' not in sys.modules, 'validation imported megatron'\n")
+    code = (
+        "import sys\nfrom dapo_megatron import config as C\n"
+        "try:\n    C.load(['parallel.tensor_model_parallel_size=3'], world_size=3)\n"
+        "except C.ConfigError:\n    pass\n"
+        "assert 'megatron' not in sys.modules, 'validation imported megatron'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -140,14 +181,24 @@ def test_hf_config_round_trip() -> None:
 def test_token_budget_must_hold_the_longest_row_as_padded() -> None:
     # FP8 at TP 8 with sequence parallelism pads every micro-batch to a multiple of 8 x 16 = 128: a
     # 100 + 200 = 300-token row is computed as 384 tokens, so a budget of 383 would refuse it mid-run.
-    bf16 = ["model=qwen2.5-32b", "parallel.tensor_model_parallel_size=8", "parallel.sequence_parallel=true",
-            "rollout.max_prompt_length=100", "rollout.max_response_length=200"]
+    bf16 = [
+        "model=qwen2.5-32b",
+        "parallel.tensor_model_parallel_size=8",
+        "parallel.sequence_parallel=true",
+        "rollout.max_prompt_length=100",
+        "rollout.max_response_length=200",
+    ]
     fp8 = [*bf16, "model.fp8.enabled=true"]
-    with pytest.raises(C.ConfigError, match=r"max_tokens_per_micro_batch=383 cannot hold .* = 300 tokens, which the "
-                                            r"model computes as 384 \(.* multiple of 128: parallel.sequence_parallel"
-                                            r" .*model.fp8 .*\); raise it to at least 384"):
+    with pytest.raises(
+        C.ConfigError,
+        match=r"max_tokens_per_micro_batch=383 cannot hold .* = 300 tokens, which the "
+        r"model computes as 384 \(.* multiple of 128: parallel.sequence_parallel"
+        r" .*model.fp8 .*\); raise it to at least 384",
+    ):
         C.load([*fp8, "trainer.max_tokens_per_micro_batch=383"], world_size=8)
-    assert C.load([*fp8, "trainer.max_tokens_per_micro_batch=384"], world_size=8).trainer.max_tokens_per_micro_batch
+    assert C.load(
+        [*fp8, "trainer.max_tokens_per_micro_batch=384"], world_size=8
+    ).trainer.max_tokens_per_micro_batch
     # In bf16 the layout pads to a multiple of 8, which 300 is not either: 304.
     with pytest.raises(C.ConfigError, match=r"computes as 304 .* multiple of 8: parallel\.sequence_parallel"):
         C.load([*bf16, "trainer.max_tokens_per_micro_batch=303"], world_size=8)

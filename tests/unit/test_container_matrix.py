@@ -24,7 +24,9 @@ def declared(package: str, name: str, extra: str | None = None) -> Requirement:
     for line in metadata.requires(package) or []:
         requirement = Requirement(line)
         in_extra = requirement.marker is not None and requirement.marker.evaluate({"extra": extra or ""})
-        if requirement.name.replace("_", "-") == name and (requirement.marker is None or (extra and in_extra)):
+        if requirement.name.replace("_", "-") == name and (
+            requirement.marker is None or (extra and in_extra)
+        ):
             return requirement
     raise AssertionError(f"{package} declares no requirement on {name} (extra {extra})")
 
@@ -50,15 +52,22 @@ def test_base_image_and_torch_are_the_ones_sglang_pins() -> None:
 def test_transformer_engine_and_megatron_core_agree() -> None:
     args = dockerfile_args()
     mcore = metadata.version("megatron-core")
-    assert args["MEGATRON_CORE_VERSION"] == mcore == pin("requirements-cluster.txt", "megatron-core") \
+    assert (
+        args["MEGATRON_CORE_VERSION"]
+        == mcore
+        == pin("requirements-cluster.txt", "megatron-core")
         == pin("requirements.txt", "megatron-core")
+    )
     te = declared("megatron-core", "transformer-engine", extra="dev")
     assert te.specifier.contains(args["TRANSFORMER_ENGINE_VERSION"], prereleases=True), te
     assert f"core_cu{args['CUDA_MAJOR']}" in te.extras, te
     # megatron-core's own torch floor holds for SGLang's torch.
     assert declared("megatron-core", "torch").specifier.contains(args["TORCH_VERSION"])
     # The image's transformers is SGLang's; the project's pin must be the same one.
-    assert str(declared("sglang", "transformers").specifier) == f"=={pin('requirements-cluster.txt', 'transformers')}"
+    assert (
+        str(declared("sglang", "transformers").specifier)
+        == f"=={pin('requirements-cluster.txt', 'transformers')}"
+    )
 
 
 def test_readme_names_the_image_and_its_versions() -> None:

@@ -29,18 +29,24 @@ def test_the_cores_are_shared_among_the_ranks_of_the_node(one_thread: None) -> N
     assert cores_per_rank(8) == 1  # never zero
 
 
-@pytest.mark.parametrize(("device", "enabled", "ranks", "alone"),
-                         [("cpu", True, 1, 4), ("cpu", True, 2, 2), ("cpu", False, 1, 1), ("cuda", True, 1, 1)])
-def test_threads_alone_are_the_rank_share_only_on_cpu_when_enabled(one_thread: None, device: str, enabled: bool,
-                                                                   ranks: int, alone: int) -> None:
+@pytest.mark.parametrize(
+    ("device", "enabled", "ranks", "alone"),
+    [("cpu", True, 1, 4), ("cpu", True, 2, 2), ("cpu", False, 1, 1), ("cuda", True, 1, 1)],
+)
+def test_threads_alone_are_the_rank_share_only_on_cpu_when_enabled(
+    one_thread: None, device: str, enabled: bool, ranks: int, alone: int
+) -> None:
     threads = TrainerThreads.for_job(device, use_idle_cores=enabled, ranks_on_node=ranks)
     assert (threads.beside_engine, threads.alone) == (1, alone)
 
 
-@pytest.mark.parametrize(("enabled", "ranks", "beside", "alone"), [(True, 1, 3, 4), (True, 2, 1, 2), (False, 1, 3, 3),
-                                                                   (True, 4, 1, 1)])
-def test_without_omp_num_threads_the_engine_keeps_its_core(one_thread: None, monkeypatch: pytest.MonkeyPatch,
-                                                           enabled: bool, ranks: int, beside: int, alone: int) -> None:
+@pytest.mark.parametrize(
+    ("enabled", "ranks", "beside", "alone"),
+    [(True, 1, 3, 4), (True, 2, 1, 2), (False, 1, 3, 3), (True, 4, 1, 1)],
+)
+def test_without_omp_num_threads_the_engine_keeps_its_core(
+    one_thread: None, monkeypatch: pytest.MonkeyPatch, enabled: bool, ranks: int, beside: int, alone: int
+) -> None:
     """torch's default would be every core, the engine's too."""
     monkeypatch.delenv("OMP_NUM_THREADS")
     threads = TrainerThreads.for_job("cpu", use_idle_cores=enabled, ranks_on_node=ranks)
@@ -90,8 +96,13 @@ class RecordingEngine:
 
 def test_the_engine_takes_the_rank_share_while_the_trainer_waits(one_thread: None) -> None:
     engine = RecordingEngine()
-    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1, engine=engine,  # type: ignore[arg-type]
-                                     engine_idle_cores=True)
+    threads = TrainerThreads.for_job(
+        "cpu",
+        use_idle_cores=True,
+        ranks_on_node=1,
+        engine=engine,  # type: ignore[arg-type]
+        engine_idle_cores=True,
+    )
     threads.engine_idle()
     assert engine.requests == [4]  # a synchronous rollout or an evaluation: the trainer waits
     batch: Future[str] = Future()
@@ -106,10 +117,16 @@ def test_the_engine_takes_the_rank_share_while_the_trainer_waits(one_thread: Non
 
 @pytest.mark.parametrize(("enabled", "ranks", "start"), [(False, 1, 1), (True, 4, 1), (True, 1, 4)])
 def test_the_engine_keeps_its_threads_when_off_or_when_there_is_nothing_to_take(
-        one_thread: None, enabled: bool, ranks: int, start: int) -> None:
+    one_thread: None, enabled: bool, ranks: int, start: int
+) -> None:
     engine = RecordingEngine(start)
-    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=ranks, engine=engine,  # type: ignore[arg-type]
-                                     engine_idle_cores=enabled)
+    threads = TrainerThreads.for_job(
+        "cpu",
+        use_idle_cores=True,
+        ranks_on_node=ranks,
+        engine=engine,  # type: ignore[arg-type]
+        engine_idle_cores=enabled,
+    )
     threads.engine_idle()
     threads.engine_generating(Future())
     threads.trainer_waiting()
@@ -118,8 +135,13 @@ def test_the_engine_keeps_its_threads_when_off_or_when_there_is_nothing_to_take(
 
 def test_gpu_engines_are_never_asked(one_thread: None) -> None:
     engine = RecordingEngine()
-    threads = TrainerThreads.for_job("cuda", use_idle_cores=True, ranks_on_node=1, engine=engine,  # type: ignore[arg-type]
-                                     engine_idle_cores=True)
+    threads = TrainerThreads.for_job(
+        "cuda",
+        use_idle_cores=True,
+        ranks_on_node=1,
+        engine=engine,  # type: ignore[arg-type]
+        engine_idle_cores=True,
+    )
     threads.engine_idle()
     threads.trainer_waiting()
     assert engine.requests == []

@@ -41,17 +41,52 @@ GSM8K_TEST = SHARED_DATA / "gsm8k_test.jsonl"
 GSM8K_TRAIN = SHARED_DATA / "gsm8k_train_first200.jsonl"
 
 # dapo-semantics.md section 11 (order-free: that list orders II-13..15 differently from the AIME ids).
-AIME_ANSWERS = Counter(["204", "25", "809", "116", "104", "294", "540", "197", "480", "113", "371", "385",
-                        "110", "104", "721", "73", "236", "45", "33", "80", "55", "699", "127", "902", "468",
-                        "601", "23", "211", "315", "321"])
+AIME_ANSWERS = Counter(
+    [
+        "204",
+        "25",
+        "809",
+        "116",
+        "104",
+        "294",
+        "540",
+        "197",
+        "480",
+        "113",
+        "371",
+        "385",
+        "110",
+        "104",
+        "721",
+        "73",
+        "236",
+        "45",
+        "33",
+        "80",
+        "55",
+        "699",
+        "127",
+        "902",
+        "468",
+        "601",
+        "23",
+        "211",
+        "315",
+        "321",
+    ]
+)
 # Distinctive problem text -> official answer (AIME 2024 I-1, I-7, I-15, II-13, II-15).
-AIME_KNOWN = {"Every morning Aya goes for a $9$-kilometer-long walk": "204",
-              "Find the largest possible real part of": "540",
-              "rectangular boxes with surface area $54$ and volume $23$": "721",
-              "be a 13th root of unity": "321",
-              "inside a fixed regular dodecagon": "315"}
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+AIME_KNOWN = {
+    "Every morning Aya goes for a $9$-kilometer-long walk": "204",
+    "Find the largest possible real part of": "540",
+    "rectangular boxes with surface area $54$ and volume $23$": "721",
+    "be a 13th root of unity": "321",
+    "inside a fixed regular dodecagon": "315",
+}
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:
@@ -60,14 +95,26 @@ def write_jsonl(path: Path, rows: list[object]) -> Path:
 
 
 def verl_row(problem: str, answer: object = "1", **extra: object) -> dict[str, object]:
-    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": dapo_prompt(problem)}],
-            "reward_model": {"ground_truth": answer, "style": "rule"}, **extra}
+    return {
+        "data_source": "math_dapo",
+        "prompt": [{"role": "user", "content": dapo_prompt(problem)}],
+        "reward_model": {"ground_truth": answer, "style": "rule"},
+        **extra,
+    }
 
 
 def examples(n: int) -> list[PromptExample]:
-    return [PromptExample(uid=f"u{i}", prompt=f"p{i}", ground_truth=str(i), data_source="math_dapo",
-                          messages=({"role": "user", "content": f"p{i}"},), origin=f"test, line {i + 1}")
-            for i in range(n)]
+    return [
+        PromptExample(
+            uid=f"u{i}",
+            prompt=f"p{i}",
+            ground_truth=str(i),
+            data_source="math_dapo",
+            messages=({"role": "user", "content": f"p{i}"},),
+            origin=f"test, line {i + 1}",
+        )
+        for i in range(n)
+    ]
 
 
 def answer_for(prompt: str) -> str:
@@ -88,9 +135,15 @@ def chat_tokenizer():
 
 # --- the real files -----------------------------------------------------------------------------
 
+
 def test_aime_parquet_dedups_to_30_problems_with_correct_answers() -> None:
     rows, stats = load_examples(AIME_PARQUET)
-    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, len(rows)) == (960, 930, 0, 30)
+    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, len(rows)) == (
+        960,
+        930,
+        0,
+        30,
+    )
     assert Counter(r.ground_truth for r in rows) == AIME_ANSWERS
     assert {r.data_source for r in rows} == {"math_dapo"}
     assert all(r.prompt.startswith(DAPO_INSTRUCTION) and r.prompt.endswith(DAPO_REMINDER) for r in rows)
@@ -124,7 +177,11 @@ def test_qwen_aime_copy_is_wrapped_in_the_dapo_prompt() -> None:
     assert Counter(str(int(r.ground_truth)) for r in rows) == AIME_ANSWERS
     assert rows[0].prompt == dapo_prompt(json.loads(AIME_QWEN.read_text().splitlines()[0])["problem"])
     assert {r.data_source for r in rows} == {"math_dapo"}
-    assert all(int(r.ground_truth) == int(answer_for(r.prompt)) for r in rows if any(t in r.prompt for t in AIME_KNOWN))
+    assert all(
+        int(r.ground_truth) == int(answer_for(r.prompt))
+        for r in rows
+        if any(t in r.prompt for t in AIME_KNOWN)
+    )
 
 
 def test_dapo_math_sample() -> None:
@@ -132,8 +189,10 @@ def test_dapo_math_sample() -> None:
     assert len(rows) == 27 and stats.duplicates_removed == 0
     assert [r.ground_truth for r in rows[:4]] == ["34", "113", "-3", "3"]
     assert {r.data_source for r in rows} == {"math_dapo"}
-    assert all(r.prompt.startswith(DAPO_INSTRUCTION + "\n\n") and r.prompt.endswith("\n\n" + DAPO_REMINDER)
-               for r in rows)
+    assert all(
+        r.prompt.startswith(DAPO_INSTRUCTION + "\n\n") and r.prompt.endswith("\n\n" + DAPO_REMINDER)
+        for r in rows
+    )
     assert rows[0].messages == ({"role": "user", "content": rows[0].prompt},)
 
 
@@ -150,7 +209,9 @@ def test_gsm8k_files() -> None:
 
 def test_explicit_format_overrides_detection() -> None:
     assert detect_format(json.loads(AIME_JSONL.read_text().splitlines()[0])) == "flat"
-    with pytest.raises(DatasetError, match=r"aime2024_30\.jsonl, line 1: .*'prompt' must be a non-empty list"):
+    with pytest.raises(
+        DatasetError, match=r"aime2024_30\.jsonl, line 1: .*'prompt' must be a non-empty list"
+    ):
         load_examples(AIME_JSONL, format="verl")
     rows, _ = load_examples(GSM8K_TRAIN, format="flat")  # the whole solution becomes the answer
     assert rows[0].ground_truth.endswith("#### 72")
@@ -163,13 +224,23 @@ def test_data_source_override() -> None:
 
 # --- de-duplication --------------------------------------------------------------------------------
 
+
 def test_dedup_keeps_first_occurrence_in_order_and_counts(tmp_path: Path) -> None:
-    first = write_jsonl(tmp_path / "a.jsonl", [verl_row("A", "1"), verl_row("B", "2"),
-                                                verl_row("  A ", "1"), verl_row("C", "3")])
-    second = write_jsonl(tmp_path / "b.jsonl", [{"problem": "B", "answer": "9"}, {"problem": "a", "answer": "4"}])
+    first = write_jsonl(
+        tmp_path / "a.jsonl",
+        [verl_row("A", "1"), verl_row("B", "2"), verl_row("  A ", "1"), verl_row("C", "3")],
+    )
+    second = write_jsonl(
+        tmp_path / "b.jsonl", [{"problem": "B", "answer": "9"}, {"problem": "a", "answer": "4"}]
+    )
     rows, stats = load_examples([first, second])
     assert [r.ground_truth for r in rows] == ["1", "2", "3", "4"]  # "a" != "A": case is kept
-    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, stats.final_size) == (6, 2, 1, 4)
+    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, stats.final_size) == (
+        6,
+        2,
+        1,
+        4,
+    )
     assert "2 duplicates removed" in stats.summary()
 
     kept, stats = load_examples([first, second], dedup=False)
@@ -178,6 +249,7 @@ def test_dedup_keeps_first_occurrence_in_order_and_counts(tmp_path: Path) -> Non
 
 
 # --- tokens and lengths ------------------------------------------------------------------------------
+
 
 def test_chat_template_path(chat_tokenizer) -> None:
     messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"})
@@ -190,7 +262,9 @@ def test_chat_template_path(chat_tokenizer) -> None:
 def test_no_template_fallback_is_the_plain_content(plain_tokenizer) -> None:
     assert plain_tokenizer.chat_template is None
     prompt = "Solve: 37+45=? "
-    assert encode_prompt(({"role": "user", "content": prompt},), plain_tokenizer) == char_tokenizer.encode(prompt)
+    assert encode_prompt(({"role": "user", "content": prompt},), plain_tokenizer) == char_tokenizer.encode(
+        prompt
+    )
 
 
 def test_build_dataset_with_template_truncates_from_the_left(chat_tokenizer) -> None:
@@ -204,11 +278,21 @@ def test_build_dataset_with_template_truncates_from_the_left(chat_tokenizer) -> 
 
 
 def test_overlong_modes_drop_truncate_error(plain_tokenizer) -> None:
-    rows = [PromptExample(uid=str(n), prompt="ab" * n, ground_truth="1", data_source="s",
-                          messages=({"role": "user", "content": "ab" * n},), origin=f"f, line {n}")
-            for n in (2, 5, 8)]
+    rows = [
+        PromptExample(
+            uid=str(n),
+            prompt="ab" * n,
+            ground_truth="1",
+            data_source="s",
+            messages=({"role": "user", "content": "ab" * n},),
+            origin=f"f, line {n}",
+        )
+        for n in (2, 5, 8)
+    ]
     dropped = DatasetStats()
-    kept = tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="drop", stats=dropped)
+    kept = tokenize_examples(
+        rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="drop", stats=dropped
+    )
     assert [e.uid for e in kept] == ["2", "5"] and (dropped.too_long_dropped, dropped.final_size) == (1, 2)
     truncated = DatasetStats()
     kept = tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, stats=truncated)
@@ -227,13 +311,24 @@ MALFORMED = {  # case -> (a valid first row, which fixes the detected format; th
     "invalid JSON": (GOOD, '{"prompt": [', "is not valid JSON"),
     "not an object": (GOOD, "[1, 2]", "is a JSON list, not an object"),
     "missing prompt": (GOOD, {"reward_model": {"ground_truth": "1"}}, "'prompt' must be a non-empty list"),
-    "missing ground truth": (GOOD, {"prompt": [{"role": "user", "content": "q"}]}, "no reward_model.ground_truth"),
+    "missing ground truth": (
+        GOOD,
+        {"prompt": [{"role": "user", "content": "q"}]},
+        "no reward_model.ground_truth",
+    ),
     "float ground truth": (GOOD, verl_row("q", 1.5), "must be a string or an integer, got float"),
     "empty ground truth": (GOOD, verl_row("q", " "), "ground truth 'reward_model.ground_truth' is empty"),
     "message not an object": (GOOD, {**GOOD, "prompt": ["hi"]}, r"prompt\[0\] must be an object"),
-    "content not text": (GOOD, {**GOOD, "prompt": [{"role": "user", "content": 7}]},
-                         r"prompt\[0\]\.content must be a string"),
-    "empty prompt": (GOOD, {**GOOD, "prompt": [{"role": "user", "content": "  "}]}, "the last one must have text"),
+    "content not text": (
+        GOOD,
+        {**GOOD, "prompt": [{"role": "user", "content": 7}]},
+        r"prompt\[0\]\.content must be a string",
+    ),
+    "empty prompt": (
+        GOOD,
+        {**GOOD, "prompt": [{"role": "user", "content": "  "}]},
+        "the last one must have text",
+    ),
     "bad data_source": (GOOD, {**GOOD, "data_source": 3}, "'data_source' must be a string"),
     "flat prompt not text": (FLAT, {"prompt": 5, "answer": "1"}, "field 'prompt' must be a string, got int"),
     "flat empty problem": (FLAT, {"problem": " ", "answer": 1}, "field 'problem' is empty"),
@@ -252,8 +347,12 @@ def test_malformed_row_names_file_row_and_problem(tmp_path: Path, case: str) -> 
 
 def test_undecodable_lines_gsm8k_errors_and_skipping(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(b'{"question": "q", "answer": "x #### 3"}\n\n\xff\xfe\n{"question": "q2", "answer": "no marker"}\n'
-                     + b'{"question": "q3", "answer": "#### 1", "id": ' + b"9" * 5000 + b"}\n")
+    path.write_bytes(
+        b'{"question": "q", "answer": "x #### 3"}\n\n\xff\xfe\n{"question": "q2", "answer": "no marker"}\n'
+        + b'{"question": "q3", "answer": "#### 1", "id": '
+        + b"9" * 5000
+        + b"}\n"
+    )
     with pytest.raises(DatasetError, match=r"bad\.jsonl, line 3: is not UTF-8"):
         load_examples(path)
     rows, stats = load_examples(path, skip_malformed=True)
@@ -265,7 +364,9 @@ def test_undecodable_lines_gsm8k_errors_and_skipping(tmp_path: Path) -> None:
 def test_parquet_errors_name_the_row_index(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.Table.from_pylist([verl_row("a"), verl_row("b", None)]), path)
-    with pytest.raises(DatasetError, match=r"bad\.parquet, row 1: has no reward_model\.ground_truth") as raised:
+    with pytest.raises(
+        DatasetError, match=r"bad\.parquet, row 1: has no reward_model\.ground_truth"
+    ) as raised:
         load_examples(path)
     assert raised.value.row == 1
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
@@ -285,13 +386,18 @@ def test_file_level_errors(tmp_path: Path) -> None:
         load_examples([])
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                    max_leaves=8)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 TEXT = st.text(max_size=6)
-KEYS = st.sampled_from(["prompt", "question", "problem", "answer", "ground_truth", "reward_model", "data_source"])
-MESSAGES = st.lists(st.fixed_dictionaries({"role": st.just("user") | JSON, "content": TEXT | JSON}) | JSON,
-                    max_size=2)
+KEYS = st.sampled_from(
+    ["prompt", "question", "problem", "answer", "ground_truth", "reward_model", "data_source"]
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries({"role": st.just("user") | JSON, "content": TEXT | JSON}) | JSON, max_size=2
+)
 VALID = st.one_of(  # rows of each format, with empty texts and integer answers now and then
     st.builds(verl_row, TEXT, TEXT | st.integers()),
     st.fixed_dictionaries({"problem": TEXT, "answer": TEXT | st.integers()}),
@@ -300,8 +406,13 @@ VALID = st.one_of(  # rows of each format, with empty texts and integer answers 
 )
 ROW = st.one_of(
     VALID,
-    VALID.flatmap(lambda row: st.builds(lambda key, value: {**row, key: value},  # one of its fields broken
-                                        st.sampled_from(sorted(row)), JSON | MESSAGES)),
+    VALID.flatmap(
+        lambda row: st.builds(
+            lambda key, value: {**row, key: value},  # one of its fields broken
+            st.sampled_from(sorted(row)),
+            JSON | MESSAGES,
+        )
+    ),
     st.dictionaries(KEYS, JSON | MESSAGES | st.fixed_dictionaries({"ground_truth": JSON}), max_size=4),
     JSON,
 )
@@ -309,7 +420,9 @@ ROW = st.one_of(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(ROW, min_size=1, max_size=4), fmt=st.sampled_from(FORMATS), skip=st.booleans())
-def test_any_json_rows_load_or_raise_dataset_error(tmp_path: Path, rows: list[object], fmt: str, skip: bool) -> None:
+def test_any_json_rows_load_or_raise_dataset_error(
+    tmp_path: Path, rows: list[object], fmt: str, skip: bool
+) -> None:
     path = tmp_path / "fuzz.jsonl"  # every row JSON-encoded, so one row is exactly one line
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     try:
@@ -324,6 +437,7 @@ def test_any_json_rows_load_or_raise_dataset_error(tmp_path: Path, rows: list[ob
 
 
 # --- the resumable order ----------------------------------------------------------------------------
+
 
 def test_seeded_order_is_reproducible_and_epochs_reshuffle() -> None:
     first, again, other = (PromptDataset(examples(10), seed=s) for s in (3, 3, 4))
@@ -344,8 +458,9 @@ def test_state_dict_resumes_exactly_mid_epoch() -> None:
     assert (state["epoch"], state["index"]) == (1, 4)
     resumed = PromptDataset(examples(7), seed=11)
     resumed.load_state_dict(state)
-    assert [[e.uid for e in original.next_batch(2)] for _ in range(6)] == \
-           [[e.uid for e in resumed.next_batch(2)] for _ in range(6)]
+    assert [[e.uid for e in original.next_batch(2)] for _ in range(6)] == [
+        [e.uid for e in resumed.next_batch(2)] for _ in range(6)
+    ]
 
 
 def test_state_dict_refuses_other_data_or_seed() -> None:

@@ -10,25 +10,64 @@ import pytest
 from dapo_megatron.distributed.launch import first_host, process_env
 
 
-@pytest.mark.parametrize(("nodelist", "host"), [
-    ("node001", "node001"), ("gpu-[012-015,020]", "gpu-012"), ("h100-[7,9]", "h100-7"),
-    ("a[1-2],b3", "a1"), ("dgx-a-[0003-0004]", "dgx-a-0003")])
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [
+        ("node001", "node001"),
+        ("gpu-[012-015,020]", "gpu-012"),
+        ("h100-[7,9]", "h100-7"),
+        ("a[1-2],b3", "a1"),
+        ("dgx-a-[0003-0004]", "dgx-a-0003"),
+    ],
+)
 def test_first_host_of_a_slurm_nodelist(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host
 
 
 def test_torchrun_variables_win() -> None:
-    env = process_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n1", "GROUP_RANK": "1",
-                       "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0"})
-    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.launcher, env.node) == (
-        3, 8, 3, "n1", 1234, "torchrun", 1)
+    env = process_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "3",
+            "MASTER_ADDR": "n1",
+            "GROUP_RANK": "1",
+            "MASTER_PORT": "1234",
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "1",
+            "SLURM_NODEID": "0",
+        }
+    )
+    assert (
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.master_addr,
+        env.master_port,
+        env.launcher,
+        env.node,
+    ) == (3, 8, 3, "n1", 1234, "torchrun", 1)
 
 
 def test_srun_one_task_per_gpu() -> None:
-    env = process_env({"SLURM_PROCID": "13", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_NODEID": "1",
-                       "SLURM_JOB_NODELIST": "h100-[001-002]", "SLURM_JOB_ID": "4242"})
+    env = process_env(
+        {
+            "SLURM_PROCID": "13",
+            "SLURM_NTASKS": "16",
+            "SLURM_LOCALID": "5",
+            "SLURM_NODEID": "1",
+            "SLURM_JOB_NODELIST": "h100-[001-002]",
+            "SLURM_JOB_ID": "4242",
+        }
+    )
     assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.launcher, env.node) == (
-        13, 16, 5, "h100-001", "slurm", 1)
+        13,
+        16,
+        5,
+        "h100-001",
+        "slurm",
+        1,
+    )
     assert env.master_port == 20000 + 4242
 
 
@@ -46,7 +85,8 @@ def test_cpu_compat_is_scoped_to_megatron_modules() -> None:
         "import torch\nfrom dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
         "import megatron.core.pipeline_parallel.schedules as s\nimport megatron.core.transformer.utils as u\n"
         "print(s.torch is torch, torch.zeros(1, device='cpu').device, u.get_default_causal_mask(3).device)\n"
-        "try:\n    torch.zeros(1, device='cuda')\nexcept (AssertionError, RuntimeError):\n    print('real torch untouched')\n")
+        "try:\n    torch.zeros(1, device='cuda')\nexcept (AssertionError, RuntimeError):\n    print('real torch untouched')\n"
+    )
     assert out.split() == ["False", "cpu", "cpu", "real", "torch", "untouched"]
 
 
@@ -55,5 +95,6 @@ def test_cpu_compat_does_nothing_when_cuda_exists() -> None:
         "import torch\ntorch.cuda.is_available = lambda: True\n"
         "from dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
         "import megatron.core.pipeline_parallel.schedules as s\nimport megatron.core.tensor_parallel.random as r\n"
-        "print(s.torch is torch, r._set_cuda_rng_state.__module__)\n")
+        "print(s.torch is torch, r._set_cuda_rng_state.__module__)\n"
+    )
     assert out.split() == ["True", "megatron.core.tensor_parallel.random"]

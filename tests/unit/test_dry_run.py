@@ -20,14 +20,23 @@ RECIPES = ["dapo_qwen2.5_32b", "dapo_qwen2.5_7b", "dapo_qwen2.5_0.5b"]
 def dry_run(*overrides: str) -> subprocess.CompletedProcess:
     # No torchrun variables and no CUDA: the dry run must not need either.
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "dapo_megatron.train", *overrides, "dry_run=true"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_megatron.train", *overrides, "dry_run=true"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def check_rank_table(recipe: str, stdout: str) -> None:
     job = C.to_job_config(C.compose([f"experiment={recipe}"]))
-    ranks = re.findall(r"^rank +(\d+) \| node +(\d+) gpu (\d+) \| tp (\d+) pp (\d+) dp +(\d+) \| layers (\d+)-(\d+)",
-                       stdout, flags=re.MULTILINE)
+    ranks = re.findall(
+        r"^rank +(\d+) \| node +(\d+) gpu (\d+) \| tp (\d+) pp (\d+) dp +(\d+) \| layers (\d+)-(\d+)",
+        stdout,
+        flags=re.MULTILINE,
+    )
     assert [int(r[0]) for r in ranks] == list(range(job.cluster.world_size))
     par = job.parallel
     dp = job.cluster.world_size // par.model_parallel_size
@@ -61,15 +70,37 @@ def test_impossible_layout_fails_naming_the_field() -> None:
 
 
 def test_layout_that_does_not_fit_names_one_that_does(capsys: pytest.CaptureFixture[str]) -> None:
-    assert train_main(["experiment=dapo_qwen2.5_32b", "parallel.use_distributed_optimizer=false",
-                       "parallel.overlap_param_gather=false", "dry_run=true"]) == 1
+    assert (
+        train_main(
+            [
+                "experiment=dapo_qwen2.5_32b",
+                "parallel.use_distributed_optimizer=false",
+                "parallel.overlap_param_gather=false",
+                "dry_run=true",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert re.search(r"^does not fit: \w[\w ]* needs [\d.]+ GiB of 80 GiB", out, flags=re.MULTILINE)
     assert re.search(r"^nearest layout that fits .*: \S+=\S+", out, flags=re.MULTILINE)
 
 
-def test_overlapped_rollouts_are_refused_for_colocated_gpu_engines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert train_main(["experiment=dapo_qwen2.5_32b", "trainer.overlap_rollout=true",
-                       "algo.old_log_prob_source=rollout", "dry_run=true"]) == 2
-    assert "trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU engine" in \
-        capsys.readouterr().err
+def test_overlapped_rollouts_are_refused_for_colocated_gpu_engines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        train_main(
+            [
+                "experiment=dapo_qwen2.5_32b",
+                "trainer.overlap_rollout=true",
+                "algo.old_log_prob_source=rollout",
+                "dry_run=true",
+            ]
+        )
+        == 2
+    )
+    assert (
+        "trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU engine"
+        in capsys.readouterr().err
+    )

@@ -35,20 +35,26 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-@pytest.mark.parametrize(("experiment", "tp", "first_gpus"), [
-    ("dapo_qwen2.5_7b", "1", ["0", "1", "2", "3", "4", "5", "6", "7"]),
-    ("dapo_qwen2.5_32b", "4", ["0", "4"]),
-])
-def test_eval_starts_the_recipes_engines_side_by_side_on_a_node(eval_tool: ModuleType, tmp_path: Path,
-                                                                experiment: str, tp: str,
-                                                                first_gpus: list[str]) -> None:
-    job = eval_tool.load_job("/models/policy", [f"experiment={experiment}"])  # the recipe's TP needs 4-8 ranks
+@pytest.mark.parametrize(
+    ("experiment", "tp", "first_gpus"),
+    [
+        ("dapo_qwen2.5_7b", "1", ["0", "1", "2", "3", "4", "5", "6", "7"]),
+        ("dapo_qwen2.5_32b", "4", ["0", "4"]),
+    ],
+)
+def test_eval_starts_the_recipes_engines_side_by_side_on_a_node(
+    eval_tool: ModuleType, tmp_path: Path, experiment: str, tp: str, first_gpus: list[str]
+) -> None:
+    job = eval_tool.load_job(
+        "/models/policy", [f"experiment={experiment}"]
+    )  # the recipe's TP needs 4-8 ranks
     engines = eval_tool.eval_engines(job, Path("/models/policy"), tmp_path, device="cuda", gpus=8)
     commands = [engine.command() for engine in engines]
     assert [flag(c, "--base-gpu-id") for c in commands] == first_gpus
     assert {flag(c, "--tp-size") for c in commands} == {tp}
-    assert {(c[2], flag(c, "--model-path"), flag(c, "--random-seed"), flag(c, "--dtype")) for c in commands} == {
-        ("sglang.launch_server", "/models/policy", str(job.seed), "auto")}
+    assert {
+        (c[2], flag(c, "--model-path"), flag(c, "--random-seed"), flag(c, "--dtype")) for c in commands
+    } == {("sglang.launch_server", "/models/policy", str(job.seed), "auto")}
     assert len({flag(c, "--port") for c in commands}) == len(commands)
 
 
@@ -60,10 +66,15 @@ def test_eval_on_cpu_starts_one_engine_with_the_seed(eval_tool: ModuleType, tmp_
 
 
 def test_layouts_that_do_not_fit_the_node_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"rollout.engine_tp_size=8 needs 8 GPUs per engine but this node has 4"):
+    with pytest.raises(
+        ValueError, match=r"rollout.engine_tp_size=8 needs 8 GPUs per engine but this node has 4"
+    ):
         node_engine_gpus(RolloutConfig(engine_tp_size=8), gpus=4)
-    with pytest.raises(ValueError, match=r"rollout.num_engines=3 engines of .* need 12 GPUs but this node has 8; "
-                                         r"set rollout.num_engines to at most 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"rollout.num_engines=3 engines of .* need 12 GPUs but this node has 8; "
+        r"set rollout.num_engines to at most 2",
+    ):
         node_engine_gpus(RolloutConfig(engine_tp_size=4, num_engines=3), gpus=8)
     assert node_engine_gpus(RolloutConfig(engine_tp_size=2, num_engines=3), gpus=8) == [0, 2, 4]
 
@@ -75,8 +86,10 @@ def test_the_trainer_engine_gets_the_job_seed_and_deterministic_inference_on_gpu
     own_seed = rollout_config(C.load(["seed=7", "rollout.seed=3"]))
     cpu = SGLangEngine("m", own_seed, log_file="e.log", device="cpu").command()
     assert flag(cpu, "--random-seed") == "3" and "--enable-deterministic-inference" not in cpu
-    assert "--enable-deterministic-inference" not in SGLangEngine("m", own_seed, log_file="e.log",
-                                                                  device="cuda").command()
+    assert (
+        "--enable-deterministic-inference"
+        not in SGLangEngine("m", own_seed, log_file="e.log", device="cuda").command()
+    )
     with pytest.raises(ValueError, match=r"rollout.deterministic=true needs a CUDA GPU: .*torch_native"):
         SGLangEngine("m", deterministic, log_file="e.log", device="cpu")
 
@@ -86,11 +99,20 @@ def test_sglang_parses_the_commands_as_meant() -> None:
     cfg = RolloutConfig(seed=11, deterministic=True, engine_tp_size=2, dtype="bfloat16")
     gpu = SGLangEngine("m", cfg, log_file="e.log", device="cuda", base_gpu_id=2).command()
     cpu = SGLangEngine("m", RolloutConfig(seed=11), log_file="e.log", device="cpu").command()
-    code = ("import argparse, json, sys\nfrom sglang.srt.server_args import ServerArgs\n"
-            "parser = argparse.ArgumentParser()\nServerArgs.add_cli_args(parser)\n"
-            "fields = ('random_seed', 'enable_deterministic_inference', 'tp_size', 'base_gpu_id', 'dtype')\n"
-            "print(json.dumps([[getattr(parser.parse_args(argv), f) for f in fields]"
-            " for argv in json.loads(sys.argv[1])]))\n")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps([gpu[3:], cpu[3:]])], capture_output=True,
-                         text=True, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [[11, True, 2, 2, "bfloat16"], [11, False, 1, 0, "float32"]]
+    code = (
+        "import argparse, json, sys\nfrom sglang.srt.server_args import ServerArgs\n"
+        "parser = argparse.ArgumentParser()\nServerArgs.add_cli_args(parser)\n"
+        "fields = ('random_seed', 'enable_deterministic_inference', 'tp_size', 'base_gpu_id', 'dtype')\n"
+        "print(json.dumps([[getattr(parser.parse_args(argv), f) for f in fields]"
+        " for argv in json.loads(sys.argv[1])]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([gpu[3:], cpu[3:]])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [
+        [11, True, 2, 2, "bfloat16"],
+        [11, False, 1, 0, "float32"],
+    ]

@@ -57,7 +57,9 @@ def test_zero_threads_are_refused(tmp_path: Path) -> None:
         engine_threads.request_threads(tmp_path / "engine.threads", 0)
 
 
-def test_follow_does_nothing_outside_an_engine(monkeypatch: pytest.MonkeyPatch, restore_threads: None) -> None:
+def test_follow_does_nothing_outside_an_engine(
+    monkeypatch: pytest.MonkeyPatch, restore_threads: None
+) -> None:
     monkeypatch.delenv(engine_threads.THREADS_FILE_ENV, raising=False)
     engine_threads._follower.cache_clear()
     before = torch.get_num_threads()

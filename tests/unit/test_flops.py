@@ -13,8 +13,14 @@ from dapo_megatron import flops
 from dapo_megatron.models.config import ModelConfig
 from tests.conftest import REPO
 
-TINY = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                   vocab_size=256)
+TINY = ModelConfig(
+    num_layers=2,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_attention_heads=4,
+    num_query_groups=2,
+    vocab_size=256,
+)
 
 
 def test_matmul_parameters_by_hand() -> None:
@@ -31,7 +37,8 @@ def test_matmul_parameters_leave_out_exactly_embeddings_norms_and_biases(name: s
     # Tied models share the output layer with the input embedding, which the matmul count includes once.
     input_embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
     assert model.num_parameters() - flops.matmul_parameters(model) == (
-        model.num_layers * qkv_bias + norms + input_embedding)
+        model.num_layers * qkv_bias + norms + input_embedding
+    )
 
 
 def test_training_flops_by_hand() -> None:
@@ -40,11 +47,18 @@ def test_training_flops_by_hand() -> None:
     assert flops.training_flops(TINY, []) == 0
 
 
-@pytest.mark.parametrize(("device", "precision", "peak"), [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.0), ("NVIDIA H100 80GB HBM3", "fp8", 1979.0),
-    ("NVIDIA H200", "fp8", 1979.0), ("NVIDIA H100 PCIe", "bf16", 756.0),
-    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100-SXM4-80GB", "fp8", None), ("Tesla T4", "bf16", None),
-])
+@pytest.mark.parametrize(
+    ("device", "precision", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 80GB HBM3", "fp8", 1979.0),
+        ("NVIDIA H200", "fp8", 1979.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A100-SXM4-80GB", "fp8", None),
+        ("Tesla T4", "bf16", None),
+    ],
+)
 def test_peak_table(device: str, precision: str, peak: float | None) -> None:
     assert flops.peak_tflops(device, precision) == peak
 
@@ -56,7 +70,13 @@ def test_mfu() -> None:
 
 def test_gpu_check_without_a_gpu_exits_with_a_clear_message() -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "tools/gpu_check.py", "--steps", "1"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "tools/gpu_check.py", "--steps", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "no CUDA GPU is visible" in result.stderr and "Traceback" not in result.stderr

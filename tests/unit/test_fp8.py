@@ -19,8 +19,9 @@ from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
 from tests.conftest import one_gloo_rank
 
-H100 = fp8.Fp8Environment(te_version=(2, 8), cuda_available=True, device_name="NVIDIA H100 80GB HBM3",
-                          compute_capability=(9, 0))
+H100 = fp8.Fp8Environment(
+    te_version=(2, 8), cuda_available=True, device_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0)
+)
 B200 = dataclasses.replace(H100, device_name="NVIDIA B200", compute_capability=(10, 0))
 A100 = dataclasses.replace(H100, device_name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0))
 NO_TE = dataclasses.replace(H100, te_version=None)
@@ -30,22 +31,45 @@ ON = fp8.Fp8Config(enabled=True)
 
 def test_settings_map_onto_megatron_core_fields() -> None:
     assert fp8.transformer_config_kwargs(fp8.Fp8Config()) == {}
-    settings = fp8.Fp8Config(enabled=True, format="e4m3", recipe="blockwise", margin=1, amax_history_len=16,
-                             amax_compute_algo="most_recent", param_gather=True, first_last_layers_bf16=True,
-                             num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=0)
+    settings = fp8.Fp8Config(
+        enabled=True,
+        format="e4m3",
+        recipe="blockwise",
+        margin=1,
+        amax_history_len=16,
+        amax_compute_algo="most_recent",
+        param_gather=True,
+        first_last_layers_bf16=True,
+        num_layers_at_start_in_bf16=2,
+        num_layers_at_end_in_bf16=0,
+    )
     assert fp8.transformer_config_kwargs(settings) == {
-        "fp8": "e4m3", "fp8_recipe": "blockwise", "fp8_margin": 1, "fp8_amax_history_len": 16,
-        "fp8_amax_compute_algo": "most_recent", "fp8_param": True, "first_last_layers_bf16": True,
-        "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 0}
+        "fp8": "e4m3",
+        "fp8_recipe": "blockwise",
+        "fp8_margin": 1,
+        "fp8_amax_history_len": 16,
+        "fp8_amax_compute_algo": "most_recent",
+        "fp8_param": True,
+        "first_last_layers_bf16": True,
+        "num_layers_at_start_in_bf16": 2,
+        "num_layers_at_end_in_bf16": 0,
+    }
 
 
 @pytest.mark.parametrize("recipe", fp8.FP8_RECIPES)
 def test_megatron_core_accepts_the_fields_for_every_recipe(recipe: str) -> None:
     from megatron.core.transformer import TransformerConfig
 
-    settings = fp8.Fp8Config(enabled=True, recipe=recipe, param_gather=True, first_last_layers_bf16=recipe != "delayed")
-    config = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True,
-                               **fp8.transformer_config_kwargs(settings))
+    settings = fp8.Fp8Config(
+        enabled=True, recipe=recipe, param_gather=True, first_last_layers_bf16=recipe != "delayed"
+    )
+    config = TransformerConfig(
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        **fp8.transformer_config_kwargs(settings),
+    )
     assert (config.fp8, config.fp8_recipe, config.fp8_param) == ("hybrid", recipe, True)
     assert config.first_last_layers_bf16 == (recipe != "delayed")
 
@@ -59,29 +83,53 @@ def test_the_builder_passes_fp8_fields_and_te_fusions(monkeypatch: pytest.Monkey
     monkeypatch.setattr(megatron.core.transformer, "TransformerConfig", dict)
     kwargs = transformer_config(ModelConfig(fp8=ON), ParallelConfig(), fp8_env=H100)
     assert {k: kwargs[k] for k in ("fp8", "fp8_recipe", "fp8_param")} == {
-        "fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param": False}
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "fp8_param": False,
+    }
     assert kwargs["gradient_accumulation_fusion"] and kwargs["apply_rope_fusion"]
     assert "fp8" not in transformer_config(ModelConfig(params_dtype="float32"), ParallelConfig())
 
 
-@pytest.mark.parametrize(("settings", "env", "impl", "message"), [
-    (ON, H100, "local", "model.transformer_impl=local"),
-    (ON, NO_CUDA, "auto", "needs a CUDA GPU"),
-    (ON, NO_TE, "auto", "needs Transformer Engine, which is not installed"),
-    (ON, dataclasses.replace(H100, te_version=(2, 1)), "auto", r"recipe=tensorwise needs Transformer Engine >= 2\.2"),
-    (fp8.Fp8Config(enabled=True, recipe="blockwise"), dataclasses.replace(H100, te_version=(2, 2)), "auto", ">= 2.3"),
-    (ON, A100, "auto", r"Hopper or newer GPU \(compute capability >= 9\.0\); NVIDIA A100-SXM4-80GB has 8\.0"),
-    (fp8.Fp8Config(enabled=True, recipe="mxfp8"), H100, "transformer_engine", r"Blackwell .* >= 10\.0"),
-])
-def test_environment_errors_name_the_cause_and_the_fix(settings: fp8.Fp8Config, env: fp8.Fp8Environment,
-                                                      impl: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("settings", "env", "impl", "message"),
+    [
+        (ON, H100, "local", "model.transformer_impl=local"),
+        (ON, NO_CUDA, "auto", "needs a CUDA GPU"),
+        (ON, NO_TE, "auto", "needs Transformer Engine, which is not installed"),
+        (
+            ON,
+            dataclasses.replace(H100, te_version=(2, 1)),
+            "auto",
+            r"recipe=tensorwise needs Transformer Engine >= 2\.2",
+        ),
+        (
+            fp8.Fp8Config(enabled=True, recipe="blockwise"),
+            dataclasses.replace(H100, te_version=(2, 2)),
+            "auto",
+            ">= 2.3",
+        ),
+        (
+            ON,
+            A100,
+            "auto",
+            r"Hopper or newer GPU \(compute capability >= 9\.0\); NVIDIA A100-SXM4-80GB has 8\.0",
+        ),
+        (fp8.Fp8Config(enabled=True, recipe="mxfp8"), H100, "transformer_engine", r"Blackwell .* >= 10\.0"),
+    ],
+)
+def test_environment_errors_name_the_cause_and_the_fix(
+    settings: fp8.Fp8Config, env: fp8.Fp8Environment, impl: str, message: str
+) -> None:
     with pytest.raises(RuntimeError, match=message) as error:
         fp8.check_environment(settings, env, transformer_impl=impl)
     assert "model.fp8.enabled=false" in str(error.value)
 
 
-@pytest.mark.parametrize(("settings", "env"), [(ON, H100), (fp8.Fp8Config(enabled=True, recipe="mxfp8"), B200),
-                                               (fp8.Fp8Config(), NO_CUDA)])
+@pytest.mark.parametrize(
+    ("settings", "env"),
+    [(ON, H100), (fp8.Fp8Config(enabled=True, recipe="mxfp8"), B200), (fp8.Fp8Config(), NO_CUDA)],
+)
 def test_environment_that_can_run_passes(settings: fp8.Fp8Config, env: fp8.Fp8Environment) -> None:
     fp8.check_environment(settings, env, transformer_impl="auto")
 
@@ -105,8 +153,16 @@ def test_this_machine_is_detected_without_fp8_support() -> None:
 @pytest.mark.parametrize(("model", "tp"), [("qwen2.5-0.5b", 2), ("qwen2.5-7b", 4), ("qwen2.5-32b", 8)])
 @pytest.mark.parametrize("recipe", fp8.FP8_RECIPES)
 def test_qwen_shapes_are_fp8_aligned(model: str, tp: int, recipe: str) -> None:
-    job = C.load([f"model={model}", "model.fp8.enabled=true", f"model.fp8.recipe={recipe}",
-                  f"parallel.tensor_model_parallel_size={tp}", "parallel.use_distributed_optimizer=true"], world_size=tp)
+    job = C.load(
+        [
+            f"model={model}",
+            "model.fp8.enabled=true",
+            f"model.fp8.recipe={recipe}",
+            f"parallel.tensor_model_parallel_size={tp}",
+            "parallel.use_distributed_optimizer=true",
+        ],
+        world_size=tp,
+    )
     assert job.model.fp8.enabled
 
 
@@ -117,26 +173,45 @@ def test_misaligned_shapes_are_refused_with_the_nearest_fitting_tp() -> None:
     error = fp8.alignment_error(ffn_hidden_size=160, tensor_parallel_size=4, fp8=ON, **shapes)
     assert error is not None and "model.ffn_hidden_size / TP = 40" in error
     assert "Use parallel.tensor_model_parallel_size=2" in error
-    assert fp8.alignment_error(ffn_hidden_size=160, tensor_parallel_size=4, fp8=fp8.Fp8Config(), **shapes) is None
+    assert (
+        fp8.alignment_error(ffn_hidden_size=160, tensor_parallel_size=4, fp8=fp8.Fp8Config(), **shapes)
+        is None
+    )
     # MXFP8 blocks are 32 wide: 80 is not enough any more.
     mxfp8 = fp8.Fp8Config(enabled=True, recipe="mxfp8")
-    assert "multiple of 32" in (fp8.alignment_error(ffn_hidden_size=160, tensor_parallel_size=2, fp8=mxfp8,
-                                                    **shapes) or "")
+    assert "multiple of 32" in (
+        fp8.alignment_error(ffn_hidden_size=160, tensor_parallel_size=2, fp8=mxfp8, **shapes) or ""
+    )
     with pytest.raises(C.ConfigError, match=r"model.hidden_size = 72 .* Use another model"):
         C.load(["model.fp8.enabled=true", "model.hidden_size=72", "model.kv_channels=16"])
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["model.fp8.enabled=true", "model.transformer_impl=local"], "model.transformer_impl=auto"),
-    (["model.fp8.enabled=true", "model.fp8.recipe=delayed", "model.fp8.first_last_layers_bf16=true"],
-     "recipe=delayed"),
-    (["model.fp8.recipe=fp4"], "model.fp8.recipe must be one of"),
-    (["model.fp8.enabled=true", "model.fp8.param_gather=true"], "parallel.use_distributed_optimizer=true"),
-    (["model.fp8.enabled=true", "model.fp8.first_last_layers_bf16=true", "model.fp8.num_layers_at_end_in_bf16=3",
-      "parallel=pp2"], "num_layers_at_end_in_bf16=3 exceeds the 2 layers"),
-    (["rollout.quantization=fp8"], "set algo.tis_cap"),
-    (["rollout.quantization=int4"], "rollout.quantization must be null or fp8"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.fp8.enabled=true", "model.transformer_impl=local"], "model.transformer_impl=auto"),
+        (
+            ["model.fp8.enabled=true", "model.fp8.recipe=delayed", "model.fp8.first_last_layers_bf16=true"],
+            "recipe=delayed",
+        ),
+        (["model.fp8.recipe=fp4"], "model.fp8.recipe must be one of"),
+        (
+            ["model.fp8.enabled=true", "model.fp8.param_gather=true"],
+            "parallel.use_distributed_optimizer=true",
+        ),
+        (
+            [
+                "model.fp8.enabled=true",
+                "model.fp8.first_last_layers_bf16=true",
+                "model.fp8.num_layers_at_end_in_bf16=3",
+                "parallel=pp2",
+            ],
+            "num_layers_at_end_in_bf16=3 exceeds the 2 layers",
+        ),
+        (["rollout.quantization=fp8"], "set algo.tis_cap"),
+        (["rollout.quantization=int4"], "rollout.quantization must be null or fp8"),
+    ],
+)
 def test_config_errors_name_the_field(overrides: list[str], message: str) -> None:
     with pytest.raises(C.ConfigError, match=message):
         C.load(overrides, world_size=2)
@@ -146,7 +221,10 @@ def test_fp8_rollouts_with_truncated_importance_sampling_are_accepted() -> None:
     job = C.load(["rollout.quantization=fp8", "algo.tis_cap=2.0"])
     cuda = SGLangEngine("model", job.rollout, log_file="engine.log", device="cuda").command()
     assert cuda[cuda.index("--quantization") + 1] == "fp8"
-    assert "--quantization" not in SGLangEngine("model", RolloutConfig(), log_file="x.log", device="cuda").command()
+    assert (
+        "--quantization"
+        not in SGLangEngine("model", RolloutConfig(), log_file="x.log", device="cuda").command()
+    )
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         SGLangEngine("model", job.rollout, log_file="engine.log", device="cpu")
 

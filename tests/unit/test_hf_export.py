@@ -15,8 +15,15 @@ from safetensors import safe_open
 from dapo_megatron.models import hf_export
 from dapo_megatron.models.config import ModelConfig
 
-CFG = ModelConfig(num_layers=2, hidden_size=32, ffn_hidden_size=48, num_attention_heads=4, num_query_groups=2,
-                  vocab_size=100, params_dtype="float32")
+CFG = ModelConfig(
+    num_layers=2,
+    hidden_size=32,
+    ffn_hidden_size=48,
+    num_attention_heads=4,
+    num_query_groups=2,
+    vocab_size=100,
+    params_dtype="float32",
+)
 
 
 def read_all(out_dir: Path) -> dict[str, torch.Tensor]:
@@ -33,11 +40,18 @@ def read_all(out_dir: Path) -> dict[str, torch.Tensor]:
 def test_shards_read_back_by_safetensors(tmp_path: Path, dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(0)
     fused = torch.randn(12, 8, generator=generator)
-    tensors = {"a": torch.randn(40, 8, generator=generator), "scalar": torch.tensor(3.5),
-               "q": fused[:6], "k": fused[6:].t(), "bias": torch.randn(5, generator=generator)}
+    tensors = {
+        "a": torch.randn(40, 8, generator=generator),
+        "scalar": torch.tensor(3.5),
+        "q": fused[:6],
+        "k": fused[6:].t(),
+        "bias": torch.randn(5, generator=generator),
+    }
     progress = hf_export.Progress(len(tensors), 0, stream=io.StringIO(), every_s=0)
     # 40x8 floats is 1280 bytes in fp32: with a 1024-byte limit "a" gets a shard of its own.
-    writer = hf_export.ShardWriter(tmp_path, dtype, max_shard_bytes=1024 // (4 // dtype.itemsize), progress=progress)
+    writer = hf_export.ShardWriter(
+        tmp_path, dtype, max_shard_bytes=1024 // (4 // dtype.itemsize), progress=progress
+    )
     for name, tensor in tensors.items():
         writer.add(name, tensor)
     parts = writer.finish()
@@ -50,7 +64,9 @@ def test_shards_read_back_by_safetensors(tmp_path: Path, dtype: torch.dtype) -> 
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == sum(t.numel() for t in tensors.values()) * dtype.itemsize
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
     assert progress.tensors == len(tensors)
 
 
@@ -65,10 +81,22 @@ def test_writer_copies_views_instead_of_holding_their_base(tmp_path: Path) -> No
 
 
 def test_config_keeps_the_base_fields_and_takes_the_tensors_dtype() -> None:
-    base = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "bos_token_id": 151643,
-            "eos_token_id": 151645, "rope_scaling": {"type": "yarn", "factor": 4.0}, "dtype": "float32",
-            "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": False, "sliding_window": None}
+    base = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "rope_scaling": {"type": "yarn", "factor": 4.0},
+        "dtype": "float32",
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+    }
     config = hf_export.export_config(base, CFG, torch.bfloat16)
     assert config == {**base, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
     assert base["dtype"] == "float32", "the caller's dict is not modified"

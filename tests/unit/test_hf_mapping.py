@@ -39,9 +39,16 @@ HfModel = tuple[ModelConfig, torch.nn.Module]
 
 def tiny_config(*, tied: bool = False, heads: int = 4, groups: int = 2, **overrides: object) -> ModelConfig:
     """Vocab 250, so that Megatron pads it."""
-    fields: dict[str, object] = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128,
-                                     num_attention_heads=heads, num_query_groups=groups, vocab_size=250,
-                                     params_dtype="float32", tie_word_embeddings=tied)
+    fields: dict[str, object] = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        vocab_size=250,
+        params_dtype="float32",
+        tie_word_embeddings=tied,
+    )
     return ModelConfig(**(fields | overrides))
 
 
@@ -80,30 +87,46 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(hf_model: HfModel, tp: int) -> N
     padded_vocab = cfg.padded_vocab_size(tp)
     assert padded_vocab > cfg.vocab_size and padded_vocab % tp == 0
     assert megatron[EMBEDDING].shape == (padded_vocab, 64)
-    assert not megatron[EMBEDDING][cfg.vocab_size:].any()
+    assert not megatron[EMBEDDING][cfg.vocab_size :].any()
     assert ("output_layer.weight" in megatron) is not cfg.tie_word_embeddings
-    assert torch.equal(megatron[FC1], torch.cat([hf_state["model.layers.0.mlp.gate_proj.weight"],
-                                                 hf_state["model.layers.0.mlp.up_proj.weight"]]))
+    assert torch.equal(
+        megatron[FC1],
+        torch.cat(
+            [hf_state["model.layers.0.mlp.gate_proj.weight"], hf_state["model.layers.0.mlp.up_proj.weight"]]
+        ),
+    )
 
     back = megatron_state_to_hf(megatron, cfg)
-    expected = {name: t for name, t in hf_state.items()
-                if not (cfg.tie_word_embeddings and name == "lm_head.weight")}
+    expected = {
+        name: t for name, t in hf_state.items() if not (cfg.tie_word_embeddings and name == "lm_head.weight")
+    }
     assert sorted(back) == sorted(expected) == sorted(hf_param_names(cfg))
     for name, tensor in expected.items():
         assert torch.equal(back[name], tensor), name
 
 
-@pytest.mark.parametrize(("heads", "groups", "row_blocks"), [
-    # Megatron rows: per query group, its query heads, then its key head, then its value head
-    # (d = 2 rows each).
-    (4, 2, [("q", 0, 4), ("k", 0, 2), ("v", 0, 2), ("q", 4, 8), ("k", 2, 4), ("v", 2, 4)]),
-    (4, 1, [("q", 0, 8), ("k", 0, 2), ("v", 0, 2)]),
-    (2, 2, [("q", 0, 2), ("k", 0, 2), ("v", 0, 2), ("q", 2, 4), ("k", 2, 4), ("v", 2, 4)]),
-])
-def test_qkv_interleave_matches_hand_built_layout(heads: int, groups: int,
-                                                  row_blocks: list[tuple[str, int, int]]) -> None:
-    cfg = ModelConfig(num_layers=1, hidden_size=3, kv_channels=2, num_attention_heads=heads,
-                      num_query_groups=groups, ffn_hidden_size=4, vocab_size=8)
+@pytest.mark.parametrize(
+    ("heads", "groups", "row_blocks"),
+    [
+        # Megatron rows: per query group, its query heads, then its key head, then its value head
+        # (d = 2 rows each).
+        (4, 2, [("q", 0, 4), ("k", 0, 2), ("v", 0, 2), ("q", 4, 8), ("k", 2, 4), ("v", 2, 4)]),
+        (4, 1, [("q", 0, 8), ("k", 0, 2), ("v", 0, 2)]),
+        (2, 2, [("q", 0, 2), ("k", 0, 2), ("v", 0, 2), ("q", 2, 4), ("k", 2, 4), ("v", 2, 4)]),
+    ],
+)
+def test_qkv_interleave_matches_hand_built_layout(
+    heads: int, groups: int, row_blocks: list[tuple[str, int, int]]
+) -> None:
+    cfg = ModelConfig(
+        num_layers=1,
+        hidden_size=3,
+        kv_channels=2,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        ffn_hidden_size=4,
+        vocab_size=8,
+    )
     hf_state = random_hf_state(cfg)
     proj = {}
     for offset, x in zip((0, 1000, 2000), "qkv", strict=True):
@@ -124,7 +147,7 @@ def test_qkv_interleave_matches_hand_built_layout(heads: int, groups: int,
     group_rows = expected.shape[0] // groups
     for rank in range(groups):
         shard = shard_for_tensor_parallel(QKV, megatron[QKV], cfg, groups, rank)
-        assert torch.equal(shard, expected[rank * group_rows:(rank + 1) * group_rows])
+        assert torch.equal(shard, expected[rank * group_rows : (rank + 1) * group_rows])
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -161,11 +184,15 @@ def test_every_parameter_shards_and_gathers_back(heads: int, groups: int, tp: in
 
 def test_tensor_parallel_dims_follow_megatron_core() -> None:
     expected = {
-        EMBEDDING: 0, "output_layer.weight": 0, "decoder.final_layernorm.weight": None,
-        "decoder.layers.3.input_layernorm.weight": None, "decoder.layers.3.pre_mlp_layernorm.weight": None,
+        EMBEDDING: 0,
+        "output_layer.weight": 0,
+        "decoder.final_layernorm.weight": None,
+        "decoder.layers.3.input_layernorm.weight": None,
+        "decoder.layers.3.pre_mlp_layernorm.weight": None,
         "decoder.layers.3.self_attention.linear_qkv.weight": 0,
         "decoder.layers.3.self_attention.linear_qkv.bias": 0,
-        "decoder.layers.3.mlp.linear_fc1.weight": 0, "decoder.layers.3.self_attention.linear_proj.weight": 1,
+        "decoder.layers.3.mlp.linear_fc1.weight": 0,
+        "decoder.layers.3.self_attention.linear_proj.weight": 1,
         "decoder.layers.3.mlp.linear_fc2.weight": 1,
         "module.module.decoder.layers.3.mlp.linear_fc1.layer_norm_weight": None,
     }
@@ -173,19 +200,35 @@ def test_tensor_parallel_dims_follow_megatron_core() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(tp=st.sampled_from([1, 2, 4]), groups_per_rank=st.integers(1, 2), heads_per_group=st.integers(1, 3),
-       head_dim=st.integers(1, 3), tied=st.booleans())
-def test_mapping_inverts_for_any_grouped_attention_shape(tp: int, groups_per_rank: int, heads_per_group: int,
-                                                         head_dim: int, tied: bool) -> None:
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    groups_per_rank=st.integers(1, 2),
+    heads_per_group=st.integers(1, 3),
+    head_dim=st.integers(1, 3),
+    tied=st.booleans(),
+)
+def test_mapping_inverts_for_any_grouped_attention_shape(
+    tp: int, groups_per_rank: int, heads_per_group: int, head_dim: int, tied: bool
+) -> None:
     groups = tp * groups_per_rank
-    cfg = ModelConfig(num_layers=1, hidden_size=4, kv_channels=head_dim,
-                      num_attention_heads=groups * heads_per_group, num_query_groups=groups,
-                      ffn_hidden_size=4 * tp, vocab_size=5, tie_word_embeddings=tied)
+    cfg = ModelConfig(
+        num_layers=1,
+        hidden_size=4,
+        kv_channels=head_dim,
+        num_attention_heads=groups * heads_per_group,
+        num_query_groups=groups,
+        ffn_hidden_size=4 * tp,
+        vocab_size=5,
+        tie_word_embeddings=tied,
+    )
     hf_state = random_hf_state(cfg)
     megatron = hf_to_megatron(hf_state, cfg, tensor_parallel_size=tp)
-    gathered = {name: gather_tensor_parallel(name, [shard_for_tensor_parallel(name, full, cfg, tp, rank)
-                                                    for rank in range(tp)])
-                for name, full in megatron.items()}
+    gathered = {
+        name: gather_tensor_parallel(
+            name, [shard_for_tensor_parallel(name, full, cfg, tp, rank) for rank in range(tp)]
+        )
+        for name, full in megatron.items()
+    }
     back = megatron_state_to_hf(gathered, cfg)
     assert back.keys() == hf_state.keys()
     assert all(torch.equal(back[name], hf_state[name]) for name in hf_state)
@@ -206,7 +249,8 @@ def test_megatron_names_are_canonicalised() -> None:
     assert canonical_megatron_name(te_name) == "decoder.layers.1.input_layernorm.weight"
     assert megatron_to_hf(te_name, norm, cfg) == [("model.layers.1.input_layernorm.weight", norm)]
     assert megatron_to_hf("module.decoder.layers.0.mlp.linear_fc1.layer_norm_weight", norm, cfg) == [
-        ("model.layers.0.post_attention_layernorm.weight", norm)]
+        ("model.layers.0.post_attention_layernorm.weight", norm)
+    ]
     assert megatron_to_hf("decoder.layers.0.mlp.linear_fc1._extra_state", None, cfg) == []
     # Tied: the last pipeline stage's copy of the embedding is not sent; embed_tokens alone carries it.
     assert megatron_to_hf("output_layer.weight", torch.zeros(256, 64), cfg) == []
@@ -242,17 +286,22 @@ def test_torch_dist_layout_stacks_layers_under_te_names() -> None:
         "decoder.layers.mlp.linear_fc1.layer_norm_weight": (2, 64),
         "decoder.layers.mlp.linear_fc1.weight": (2, 256, 64),
         "decoder.layers.mlp.linear_fc2.weight": (2, 64, 128),
-        EMBEDDING: (256, 64), "decoder.final_layernorm.weight": (64,), "output_layer.weight": (256, 64),
+        EMBEDDING: (256, 64),
+        "decoder.final_layernorm.weight": (64,),
+        "output_layer.weight": (256, 64),
     }
 
     flat = stack_for_torch_dist(megatron, cfg)
 
     assert {name: tuple(t.shape) for name, t in flat.items()} == stacked_shapes
-    assert torch.equal(flat["decoder.layers.mlp.linear_fc1.weight"][1],
-                       megatron["decoder.layers.1.mlp.linear_fc1.weight"])
-    not_model = {"optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight": torch.zeros(2, 256, 64),
-                 "rng_state": torch.zeros(3),
-                 "decoder.layers.self_attention.linear_qkv._extra_state": torch.zeros(1)}
+    assert torch.equal(
+        flat["decoder.layers.mlp.linear_fc1.weight"][1], megatron["decoder.layers.1.mlp.linear_fc1.weight"]
+    )
+    not_model = {
+        "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight": torch.zeros(2, 256, 64),
+        "rng_state": torch.zeros(3),
+        "decoder.layers.self_attention.linear_qkv._extra_state": torch.zeros(1),
+    }
     unstacked = unstack_torch_dist(flat | not_model, cfg)
     assert unstacked.keys() == megatron.keys()
     assert all(torch.equal(unstacked[name], megatron[name]) for name in megatron)
@@ -261,9 +310,17 @@ def test_torch_dist_layout_stacks_layers_under_te_names() -> None:
 def test_qwen25_32b_maps_completely_on_meta_device() -> None:
     transformers = pytest.importorskip("transformers")
     config_json = {  # Qwen/Qwen2.5-32B config.json (architecture fields)
-        "model_type": "qwen2", "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
-        "num_hidden_layers": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
-        "vocab_size": 152064, "tie_word_embeddings": False, "max_position_embeddings": 131072,
+        "model_type": "qwen2",
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 131072,
     }
     cfg = ModelConfig.from_hf_config(config_json, name="qwen2.5-32b")
     with torch.device("meta"):
@@ -277,10 +334,17 @@ def test_qwen25_32b_maps_completely_on_meta_device() -> None:
     assert megatron[EMBEDDING].shape == megatron["output_layer.weight"].shape == (padded_vocab, 5120)
     assert megatron["decoder.layers.63.self_attention.linear_qkv.weight"].shape == ((40 + 2 * 8) * 128, 5120)
     assert megatron["decoder.layers.63.mlp.linear_fc1.weight"].shape == (2 * 27648, 5120)
-    tp8_shapes = {name: tuple(shard_for_tensor_parallel(name, megatron[name], cfg, 8, 7).shape)
-                  for name in (EMBEDDING, QKV, QKV_BIAS, FC1, "decoder.layers.0.mlp.linear_fc2.weight")}
-    assert tp8_shapes == {EMBEDDING: (padded_vocab // 8, 5120), QKV: (896, 5120), QKV_BIAS: (896,),
-                          FC1: (6912, 5120), "decoder.layers.0.mlp.linear_fc2.weight": (5120, 3456)}
+    tp8_shapes = {
+        name: tuple(shard_for_tensor_parallel(name, megatron[name], cfg, 8, 7).shape)
+        for name in (EMBEDDING, QKV, QKV_BIAS, FC1, "decoder.layers.0.mlp.linear_fc2.weight")
+    }
+    assert tp8_shapes == {
+        EMBEDDING: (padded_vocab // 8, 5120),
+        QKV: (896, 5120),
+        QKV_BIAS: (896,),
+        FC1: (6912, 5120),
+        "decoder.layers.0.mlp.linear_fc2.weight": (5120, 3456),
+    }
 
     produced = [pair for name, full in megatron.items() for pair in megatron_to_hf(name, full, cfg)]
     assert sorted(hf_name for hf_name, _ in produced) == sorted(hf_state)  # every HF tensor exactly once
@@ -372,18 +436,38 @@ def build_gpt_model(cfg: ModelConfig) -> torch.nn.Module:
     from megatron.core.transformer import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.ffn_hidden_size,
-        num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
-        kv_channels=cfg.head_dim, normalization="RMSNorm", layernorm_epsilon=cfg.norm_epsilon,
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.norm_epsilon,
         gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=cfg.add_qkv_bias,
-        hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32, use_cpu_initialization=True,
-        gradient_accumulation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        bias_activation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False)
-    return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"),
-                    vocab_size=cfg.padded_vocab_size(1), max_sequence_length=cfg.max_position_embeddings,
-                    position_embedding_type="rope", rotary_base=cfg.rotary_base,
-                    share_embeddings_and_output_weights=cfg.tie_word_embeddings).eval()
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=cfg.add_qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=cfg.padded_vocab_size(1),
+        max_sequence_length=cfg.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=cfg.rotary_base,
+        share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+    ).eval()
 
 
 @pytest.mark.slow
@@ -405,7 +489,7 @@ def test_megatron_core_logits_match_hf(megatron_cpu: None, hf_model: HfModel) ->
         logits = model(tokens, positions, attention_mask=causal)
     assert logits.shape == (batch, seq, cfg.padded_vocab_size(1))
     torch.testing.assert_close(logits[..., : cfg.vocab_size], expected, rtol=0, atol=1e-5)
-    assert not logits[..., cfg.vocab_size:].any()  # zero padding rows give zero logits
+    assert not logits[..., cfg.vocab_size :].any()  # zero padding rows give zero logits
 
     # The live state dict (with _extra_state entries) maps back to exactly the HF tensors.
     back = megatron_state_to_hf(model.state_dict(), cfg)

@@ -15,22 +15,34 @@ from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
 # 4 query groups of 2 heads, so TP 4 gives each rank one group; vocab 250 leaves padding rows on the last
 # rank(s) under every TP size.
-CFG = ModelConfig(num_layers=2, hidden_size=32, ffn_hidden_size=48, num_attention_heads=8, num_query_groups=4,
-                  vocab_size=250, make_vocab_size_divisible_by=64, params_dtype="float32")
+CFG = ModelConfig(
+    num_layers=2,
+    hidden_size=32,
+    ffn_hidden_size=48,
+    num_attention_heads=8,
+    num_query_groups=4,
+    vocab_size=250,
+    make_vocab_size_divisible_by=64,
+    params_dtype="float32",
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
-    state = {name: torch.randn(shape, generator=generator).to(torch.bfloat16)
-             for name, shape in hf_mapping.hf_param_shapes(CFG).items()}
+    state = {
+        name: torch.randn(shape, generator=generator).to(torch.bfloat16)
+        for name, shape in hf_mapping.hf_param_shapes(CFG).items()
+    }
     hf_dir = tmp_path_factory.mktemp("hf")
     save_file(state, str(hf_dir / "model.safetensors"))
     return hf_dir, state
 
 
 @pytest.mark.parametrize("tp_size", [1, 2, 4])
-def test_slices_assemble_each_ranks_shard(checkpoint: tuple[Path, dict[str, torch.Tensor]], tp_size: int) -> None:
+def test_slices_assemble_each_ranks_shard(
+    checkpoint: tuple[Path, dict[str, torch.Tensor]], tp_size: int
+) -> None:
     hf_dir, state = checkpoint
     full = hf_mapping.hf_to_megatron(state, CFG, tensor_parallel_size=tp_size)
     for tp_rank in range(tp_size):
@@ -45,9 +57,14 @@ def test_slices_assemble_each_ranks_shard(checkpoint: tuple[Path, dict[str, torc
                 assert torch.equal(shard, expected), (name, tp_rank)
                 # Only the rows that exist in HF are read: a vocab shard less its padding rows.
                 rows = expected.shape[0]
-                hf_rows = min(rows, max(0, CFG.vocab_size - tp_rank * rows)) if "word_embeddings" in name \
-                    or name == "output_layer.weight" else rows
-                assert reader.bytes_read - before == hf_rows * expected[0].numel() * expected.element_size(), name
+                hf_rows = (
+                    min(rows, max(0, CFG.vocab_size - tp_rank * rows))
+                    if "word_embeddings" in name or name == "output_layer.weight"
+                    else rows
+                )
+                assert (
+                    reader.bytes_read - before == hf_rows * expected[0].numel() * expected.element_size()
+                ), name
             assert header_bytes > 8
 
 
@@ -70,5 +87,8 @@ def test_reader_reads_columns_rows_and_whole_tensors(tmp_path: Path) -> None:
 def test_wrong_checkpoint_is_named(checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
     hf_dir, _ = checkpoint
     other = ModelConfig(**{**CFG.__dict__, "ffn_hidden_size": 64})
-    with SafetensorsReader(hf_dir) as reader, pytest.raises(ValueError, match=r"mlp\.gate_proj\.weight: expected"):
+    with (
+        SafetensorsReader(hf_dir) as reader,
+        pytest.raises(ValueError, match=r"mlp\.gate_proj\.weight: expected"),
+    ):
         hf_mapping.check_hf_shapes(reader.shapes(), other)

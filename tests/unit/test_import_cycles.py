@@ -39,8 +39,14 @@ def module_level_imports(tree: ast.Module) -> set[str]:
 
 def import_graph(package: Path) -> dict[str, set[str]]:
     modules = {module_name(package, path): path for path in package.rglob("*.py")}
-    return {name: {other for other in module_level_imports(ast.parse(path.read_text())) if other in modules
-                   and other != name} for name, path in modules.items()}
+    return {
+        name: {
+            other
+            for other in module_level_imports(ast.parse(path.read_text()))
+            if other in modules and other != name
+        }
+        for name, path in modules.items()
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -53,7 +59,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         path.append(node)
         for other in sorted(graph[node]):
             if state[other] == 1:
-                found.append([*path[path.index(other):], other])
+                found.append([*path[path.index(other) :], other])
             elif state[other] == 0:
                 walk(other)
         path.pop()
@@ -70,7 +76,9 @@ def test_the_search_finds_a_circle_through_a_type_checking_import(tmp_path: Path
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from pkg.b import B\n")
-    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+    )
     assert cycles(import_graph(package)) == [["pkg.a", "pkg.b", "pkg.a"]]
 
 

@@ -34,7 +34,9 @@ def build_actor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 model.load_state_dict(initial)
             else:
                 initial.update({k: v.clone() for k, v in model.state_dict().items() if v is not None})
-            optimizer, scheduler = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.0), ParallelConfig(), cfg)
+            optimizer, scheduler = build_optimizer(
+                model, OptimConfig(lr=1e-2, weight_decay=0.0), ParallelConfig(), cfg
+            )
             return Actor(model, optimizer, scheduler, algo, layout, vocab_size=VOCAB)
 
         yield build
@@ -57,6 +59,7 @@ def update(actor: Any, share: Any, *, forbid_forward: bool = False) -> dict[str,
     from dapo_megatron.train import update_policy
 
     if forbid_forward:
+
         def no_forward(*_: Any, **__: Any) -> torch.Tensor:
             raise AssertionError("the old log-probs were recomputed by the trainer")
 
@@ -94,7 +97,9 @@ def test_engine_log_probs_set_the_clipping(build_actor: Any) -> None:
     the first step's ratio exp(-0.5) ~ 0.61, below 1 - 0.2, so every negative-advantage token is clipped."""
     reference = build_actor(AlgoConfig())
     share = batch()
-    shifted = (reference.compute_log_probs(share.rows, share.all_micro_batch_sizes) + 0.5) * share.rows.response_mask
+    shifted = (
+        reference.compute_log_probs(share.rows, share.all_micro_batch_sizes) + 0.5
+    ) * share.rows.response_mask
     share.rows.rollout_log_prob = shifted
 
     got = update(build_actor(AlgoConfig(old_log_prob_source="rollout")), share, forbid_forward=True)
@@ -103,10 +108,16 @@ def test_engine_log_probs_set_the_clipping(build_actor: Any) -> None:
     assert on_policy["actor/pg_clipfrac"] < 0.1
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"old_log_prob_source": "engine"}, r"algo\.old_log_prob_source must be one of trainer, rollout"),
-    ({"old_log_prob_source": "rollout", "tis_cap": 2.0}, r"algo\.old_log_prob_source must be trainer with truncated"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"old_log_prob_source": "engine"}, r"algo\.old_log_prob_source must be one of trainer, rollout"),
+        (
+            {"old_log_prob_source": "rollout", "tis_cap": 2.0},
+            r"algo\.old_log_prob_source must be trainer with truncated",
+        ),
+    ],
+)
 def test_bad_source_is_rejected_with_the_fix(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AlgoConfig(**overrides)

@@ -81,7 +81,9 @@ def test_resume_keeps_the_step_and_takes_the_schedule_from_the_config(build: Any
 def test_which_parameters_decay(build: Any, decay_all: bool) -> None:
     """With zero gradients Adam's update is 0, so one step moves a parameter by -lr * its weight decay * itself."""
     lr, decay = 1e-2, 0.1
-    model, optimizer, scheduler = build(OptimConfig(lr=lr, weight_decay=decay, decay_all_parameters=decay_all))
+    model, optimizer, scheduler = build(
+        OptimConfig(lr=lr, weight_decay=decay, decay_all_parameters=decay_all)
+    )
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     exempt = {name for name in before if "layernorm" in name or name.endswith(".bias")}
     assert len(exempt) == 7  # 2 layers x (2 norms + qkv bias), and the final norm

@@ -14,8 +14,16 @@ from dapo_megatron.planning import memory as M
 from tests.conftest import assert_import_is_light
 
 # h 64, 4 heads of 16, 2 query groups, FFN 128, vocab 128 (no padding), bf16, Transformer Engine layers.
-SMALL = ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                    vocab_size=128, params_dtype="bfloat16", transformer_impl="auto")
+SMALL = ModelConfig(
+    num_layers=4,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_attention_heads=4,
+    num_query_groups=2,
+    vocab_size=128,
+    params_dtype="bfloat16",
+    transformer_impl="auto",
+)
 
 
 def test_layer_activations_per_token_by_hand() -> None:
@@ -37,11 +45,14 @@ def test_stage_activations_with_pipeline_and_recompute_by_hand() -> None:
     assert (first.in_flight, first.layers, first.logits) == (2, tokens * 2 * 2 * full_layer, 0)
     # Full recompute, one layer per unit: each micro-batch keeps 2 unit inputs; backward reruns one layer.
     recompute = dataclasses.replace(base, recompute_granularity="full")
-    assert M.activation_bytes(SMALL, recompute, pp_rank=0, **kwargs).layers == tokens * (2 * 2 * unit_input + full_layer)
+    assert M.activation_bytes(SMALL, recompute, pp_rank=0, **kwargs).layers == tokens * (
+        2 * 2 * unit_input + full_layer
+    )
     # Block method with 1 layer: the first layer is checkpointed, the second keeps everything.
     block = dataclasses.replace(recompute, recompute_method="block")
-    assert M.activation_bytes(SMALL, block, pp_rank=0, **kwargs).layers == tokens * (2 * (unit_input + full_layer)
-                                                                                     + full_layer)
+    assert M.activation_bytes(SMALL, block, pp_rank=0, **kwargs).layers == tokens * (
+        2 * (unit_input + full_layer) + full_layer
+    )
     # The last stage: one micro-batch in flight, plus bf16 logits and their gradient over its 64-column vocab
     # shard (2 * 10 * 64 * 2 B) and the log-prob kernel's two fp32 chunks (2 * 10 * 64 * 4 B).
     last = M.activation_bytes(SMALL, base, pp_rank=1, **kwargs)
@@ -55,8 +66,9 @@ def test_state_bytes_of_one_replica_by_hand() -> None:
     numel = 8192 + 8192 + 128 + 4096 + 16384 + 8192 + 2 * 64 + 64 + 8192
     assert numel == one_layer.num_parameters()
     [state] = M.stage_state_bytes(one_layer, ParallelConfig(), dp=1, pp_rank=0)
-    assert state == M.StateBytes(parameters=2 * numel, gradients=4 * numel, main_parameters=4 * numel,
-                                 moments=8 * numel)  # ZeRO's mixed-precision Adam: 2 + 4 + 12 bytes per parameter
+    assert state == M.StateBytes(
+        parameters=2 * numel, gradients=4 * numel, main_parameters=4 * numel, moments=8 * numel
+    )  # ZeRO's mixed-precision Adam: 2 + 4 + 12 bytes per parameter
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -77,8 +89,9 @@ def test_distributed_optimizer_partitions_the_padded_buffers_over_data_parallel(
     # Every trained element is owned by exactly one DP rank (ZeRO-1), so the shards add up to the whole.
     assert sum(s.moments for s in sharded) == plain.moments
     assert sum(s.main_parameters for s in sharded) == plain.main_parameters
-    [buffer] = M.grad_buffers(M.stage_parameters(SMALL, tp=1, pp=1, pp_rank=0), dp=3, distributed_optimizer=True,
-                              bucket_size=None)
+    [buffer] = M.grad_buffers(
+        M.stage_parameters(SMALL, tp=1, pp=1, pp_rank=0), dp=3, distributed_optimizer=True, bucket_size=None
+    )
     assert buffer.numel % (3 * 128) == 0 and buffer.numel >= sum(buffer.param_numels)
     assert sharded[0].gradients == 4 * buffer.numel > plain.gradients
 
@@ -99,21 +112,29 @@ def job(*overrides: str) -> C.JobConfig:
 
 def test_the_32b_recipe_fits_and_an_unsharded_layout_does_not() -> None:
     assert M.plan_memory(job()).fits
-    crowded = job("parallel.use_distributed_optimizer=false", "parallel.overlap_param_gather=false",
-                  "parallel.recompute_granularity=none")
+    crowded = job(
+        "parallel.use_distributed_optimizer=false",
+        "parallel.overlap_param_gather=false",
+        "parallel.recompute_granularity=none",
+    )
     plan = M.plan_memory(crowded)
     assert not plan.fits
     assert any(problem.startswith("training needs") for problem in plan.problems)
 
 
 def test_suggested_layout_fits_when_applied_as_overrides() -> None:
-    overrides = ["parallel.tensor_model_parallel_size=4", "parallel.use_distributed_optimizer=false",
-                 "parallel.overlap_param_gather=false"]
+    overrides = [
+        "parallel.tensor_model_parallel_size=4",
+        "parallel.use_distributed_optimizer=false",
+        "parallel.overlap_param_gather=false",
+    ]
     assert not M.plan_memory(job(*overrides)).fits
     changes, plan = M.suggest_layout(job(*overrides))
     assert plan.fits and 0 < len(changes) <= M.MAX_SUGGESTED_CHANGES
     # The suggestion, typed back in as Hydra overrides, is a valid layout that fits.
-    applied = job(*overrides, *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items()))
+    applied = job(
+        *overrides, *(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+    )
     M.validate_for_cluster(applied)
     assert M.plan_memory(applied).fits
 
@@ -145,19 +166,24 @@ def test_report_says_when_the_kv_cache_cannot_hold_every_concurrent_request() ->
 
     plan = M.plan_memory(job())
     held = plan.kv_tokens // plan.sequence_tokens
-    assert 1 <= held < job().rollout.max_concurrent_requests  # the 32B recipe: ~15 full-length rollouts per engine
+    assert (
+        1 <= held < job().rollout.max_concurrent_requests
+    )  # the 32B recipe: ~15 full-length rollouts per engine
     assert "rollout.max_concurrent_requests=256 at full length would need" in format_plan(job(), plan)
     # No note where every concurrent request fits at full length.
     enough = job(f"rollout.max_concurrent_requests={held}")
     assert "max_concurrent_requests" not in format_plan(enough, M.plan_memory(enough))
 
 
-@pytest.mark.parametrize(("override", "field"), [
-    ("parallel.tensor_model_parallel_size=3", "parallel.tensor_model_parallel_size=3"),
-    ("parallel.pipeline_model_parallel_size=3", "parallel.pipeline_model_parallel_size=3"),
-    ("rollout.engine_tp_size=3", "rollout.engine_tp_size=3"),
-    ("parallel.recompute_num_layers=3", "parallel.recompute_num_layers=3"),
-])
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("parallel.tensor_model_parallel_size=3", "parallel.tensor_model_parallel_size=3"),
+        ("parallel.pipeline_model_parallel_size=3", "parallel.pipeline_model_parallel_size=3"),
+        ("rollout.engine_tp_size=3", "rollout.engine_tp_size=3"),
+        ("parallel.recompute_num_layers=3", "parallel.recompute_num_layers=3"),
+    ],
+)
 def test_impossible_layouts_are_refused_naming_the_field(override: str, field: str) -> None:
     with pytest.raises(C.ConfigError, match=field.replace(".", r"\.")):
         M.validate_for_cluster(job(override))
@@ -175,8 +201,15 @@ def test_plan_memory_tool_exit_codes(capsys: pytest.CaptureFixture[str]) -> None
 def test_rank_placement_follows_megatron_order() -> None:
     from dapo_megatron.planning.report import rank_placements
 
-    placed = rank_placements(job("cluster.nodes=2", "cluster.gpus_per_node=4", "parallel.tensor_model_parallel_size=2",
-                                 "parallel.pipeline_model_parallel_size=2", "rollout.engine_tp_size=2"))
+    placed = rank_placements(
+        job(
+            "cluster.nodes=2",
+            "cluster.gpus_per_node=4",
+            "parallel.tensor_model_parallel_size=2",
+            "parallel.pipeline_model_parallel_size=2",
+            "rollout.engine_tp_size=2",
+        )
+    )
     # tp-cp-ep-dp-pp: rank = tp + TP * (dp + DP * pp), with TP = PP = DP = 2.
     for p in placed:
         assert p.rank == p.tp_rank + 2 * (p.dp_rank + 2 * p.pp_rank)

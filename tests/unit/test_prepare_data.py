@@ -44,31 +44,50 @@ class FakeHub:
 
 def repeated_dapo_parquet(path: Path, unique: int, copies: int) -> Path:
     """A miniature of the public DAPO-Math-17k parquet: every prompt `copies` times, interleaved."""
-    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": dapo_prompt(f"What is {i}+{i}?")}],
-             "ability": "MATH", "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
-             "extra_info": {"index": i}} for _ in range(copies) for i in range(unique)]
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": dapo_prompt(f"What is {i}+{i}?")}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": i},
+        }
+        for _ in range(copies)
+        for i in range(unique)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
 
 def test_from_local_aime_round_trips_through_the_loader(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
-    code = prepare_data.main(["--output-dir", str(out), "--datasets", "aime-2024",
-                              "--from-local", f"aime_2024={AIME_PARQUET}"], fetch=pytest.fail)
+    code = prepare_data.main(
+        ["--output-dir", str(out), "--datasets", "aime-2024", "--from-local", f"aime_2024={AIME_PARQUET}"],
+        fetch=pytest.fail,
+    )
     assert code == 0
-    assert "aime_2024: 960 rows read from 1 file(s), 930 duplicates removed -> 30 prompts" in capsys.readouterr().out
+    assert (
+        "aime_2024: 960 rows read from 1 file(s), 930 duplicates removed -> 30 prompts"
+        in capsys.readouterr().out
+    )
     written, stats = load_examples(out / "aime_2024.jsonl")
     original, _ = load_examples(AIME_PARQUET)
     assert stats.rows_read == 30 and [p.name for p in out.iterdir()] == ["aime_2024.jsonl"]
-    assert [(e.uid, e.ground_truth, e.messages, e.data_source) for e in written] == \
-           [(e.uid, e.ground_truth, e.messages, e.data_source) for e in original]
+    assert [(e.uid, e.ground_truth, e.messages, e.data_source) for e in written] == [
+        (e.uid, e.ground_truth, e.messages, e.data_source) for e in original
+    ]
 
 
 def test_downloads_each_selected_file_and_converts_gsm8k(tmp_path: Path) -> None:
-    hub = FakeHub({"openai/gsm8k/main/train-00000-of-00001.parquet": SHARED_DATA / "gsm8k_train_first200.jsonl",
-                   "openai/gsm8k/main/test-00000-of-00001.parquet": SHARED_DATA / "gsm8k_test.jsonl"})
-    code = prepare_data.main(["--output-dir", str(tmp_path), "--datasets", "gsm8k", "--output-format", "parquet"],
-                             fetch=hub)
+    hub = FakeHub(
+        {
+            "openai/gsm8k/main/train-00000-of-00001.parquet": SHARED_DATA / "gsm8k_train_first200.jsonl",
+            "openai/gsm8k/main/test-00000-of-00001.parquet": SHARED_DATA / "gsm8k_test.jsonl",
+        }
+    )
+    code = prepare_data.main(
+        ["--output-dir", str(tmp_path), "--datasets", "gsm8k", "--output-format", "parquet"], fetch=hub
+    )
     assert code == 0 and [r.repo_id for r in hub.requests] == ["openai/gsm8k", "openai/gsm8k"]
     train, _ = load_examples(tmp_path / "gsm8k_train.parquet")
     test, _ = load_examples(tmp_path / "gsm8k_test.parquet")
@@ -78,15 +97,26 @@ def test_downloads_each_selected_file_and_converts_gsm8k(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("flags", "expected_rows"), [((), 5), (("--no-dedup",), 15)])
-def test_dapo_math_is_deduplicated_unless_asked_not_to(tmp_path: Path, flags: tuple[str, ...],
-                                                       expected_rows: int) -> None:
+def test_dapo_math_is_deduplicated_unless_asked_not_to(
+    tmp_path: Path, flags: tuple[str, ...], expected_rows: int
+) -> None:
     source = repeated_dapo_parquet(tmp_path / "raw.parquet", unique=5, copies=3)
     hub = FakeHub({"BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet": source})
-    assert prepare_data.main(["--output-dir", str(tmp_path / "out"), "--datasets", "dapo-math-17k", *flags],
-                             fetch=hub) == 0
+    assert (
+        prepare_data.main(
+            ["--output-dir", str(tmp_path / "out"), "--datasets", "dapo-math-17k", *flags], fetch=hub
+        )
+        == 0
+    )
     lines = (tmp_path / "out" / "dapo_math_17k.jsonl").read_text().splitlines()
     assert len(lines) == expected_rows
-    assert [json.loads(line)["reward_model"]["ground_truth"] for line in lines[:5]] == ["0", "2", "4", "6", "8"]
+    assert [json.loads(line)["reward_model"]["ground_truth"] for line in lines[:5]] == [
+        "0",
+        "2",
+        "4",
+        "6",
+        "8",
+    ]
 
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys) -> None:
@@ -109,8 +139,10 @@ def test_bad_arguments_and_failed_downloads_are_reported(tmp_path: Path, capsys)
         raise prepare_data.DownloadError(f"could not download {remote.url()}")
 
     assert prepare_data.main(args, fetch=offline) == 1
-    assert "https://huggingface.co/datasets/BytedTsinghua-SIA/AIME-2024/resolve/main/data/aime-2024.parquet" \
+    assert (
+        "https://huggingface.co/datasets/BytedTsinghua-SIA/AIME-2024/resolve/main/data/aime-2024.parquet"
         in capsys.readouterr().err
+    )
     assert prepare_data.main([*args, "--from-local", f"aime_2024={tmp_path / 'nope.parquet'}"]) == 1
     assert "nope.parquet: no such file" in capsys.readouterr().err
 
@@ -126,8 +158,13 @@ def test_default_download_uses_the_hub_and_wraps_its_errors(monkeypatch, tmp_pat
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hub_download)
     remote = prepare_data.DATASETS["aime-2024"][0].source
     assert prepare_data.download(remote) == tmp_path / "file.parquet"
-    assert calls == [("BytedTsinghua-SIA/AIME-2024", "data/aime-2024.parquet",
-                      {"repo_type": "dataset", "revision": "main"})]
+    assert calls == [
+        (
+            "BytedTsinghua-SIA/AIME-2024",
+            "data/aime-2024.parquet",
+            {"repo_type": "dataset", "revision": "main"},
+        )
+    ]
 
     def no_network(*args, **kwargs):
         raise OSError("network unreachable")
@@ -138,8 +175,21 @@ def test_default_download_uses_the_hub_and_wraps_its_errors(monkeypatch, tmp_pat
 
 
 def test_command_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(TOOL), "--output-dir", str(tmp_path), "--datasets", "aime-2024",
-                           "--from-local", f"aime_2024={AIME_PARQUET}"], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            "--output-dir",
+            str(tmp_path),
+            "--datasets",
+            "aime-2024",
+            "--from-local",
+            f"aime_2024={AIME_PARQUET}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "-> 30 prompts" in proc.stdout and (tmp_path / "aime_2024.jsonl").exists()

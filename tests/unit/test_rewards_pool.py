@@ -98,8 +98,13 @@ def test_real_scorer_in_workers_with_custom_scores() -> None:
 
 
 def _mistyped_scorer(solution: str, ground_truth: str, data_source: str) -> object:
-    return {"str": {"acc": "False", "pred": "x"}, "int": {"acc": 1}, "pred": {"acc": True, "pred": 5},
-            "list": [True], "ok": {"acc": True}}[solution]
+    return {
+        "str": {"acc": "False", "pred": "x"},
+        "int": {"acc": 1},
+        "pred": {"acc": True, "pred": 5},
+        "list": [True],
+        "ok": {"acc": True},
+    }[solution]
 
 
 def test_scorer_outputs_of_the_wrong_type_are_errors_not_rewards() -> None:
@@ -221,5 +226,7 @@ def test_config_works_as_omegaconf_structured_config() -> None:
 
 def test_importing_rewards_stays_light() -> None:
     # sympy is imported lazily by the symbolic check; the rest must never load at all.
-    assert_import_is_light("dapo_megatron.rewards", ("sympy", "mpmath", "megatron", "transformers", "sglang",
-                                                      "omegaconf", "hydra", "math_verify"))
+    assert_import_is_light(
+        "dapo_megatron.rewards",
+        ("sympy", "mpmath", "megatron", "transformers", "sglang", "omegaconf", "hydra", "math_verify"),
+    )

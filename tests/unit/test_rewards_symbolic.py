@@ -193,7 +193,14 @@ def test_never_raises(pred: str, ground_truth: str) -> None:
 
 
 UNRELATED_GROUND_TRUTHS = ["540", "3", "\\frac{1}{2}", "-7", "2\\sqrt{3}", "0", "\\pi", "10^{400}"]
-IRRATIONALS = ["\\sqrt{2}", "\\pi", "\\sqrt[3]{5}", "\\sqrt{\\sqrt{2}+1}", "\\sqrt{-3}", "(\\sqrt{2}-\\sqrt{3})"]
+IRRATIONALS = [
+    "\\sqrt{2}",
+    "\\pi",
+    "\\sqrt[3]{5}",
+    "\\sqrt{\\sqrt{2}+1}",
+    "\\sqrt{-3}",
+    "(\\sqrt{2}-\\sqrt{3})",
+]
 
 
 @st.composite
@@ -221,7 +228,11 @@ def test_overflowing_or_underflowing_answer_matches_nothing(hostile: str, ground
 
 
 @settings(max_examples=120, deadline=None)
-@given(hostile=hostile_scalars(), other=hostile_scalars(), ground_truth=st.sampled_from(UNRELATED_GROUND_TRUTHS))
-def test_hostile_values_never_equal_an_unrelated_ground_truth(hostile: str, other: str, ground_truth: str) -> None:
+@given(
+    hostile=hostile_scalars(), other=hostile_scalars(), ground_truth=st.sampled_from(UNRELATED_GROUND_TRUTHS)
+)
+def test_hostile_values_never_equal_an_unrelated_ground_truth(
+    hostile: str, other: str, ground_truth: str
+) -> None:
     assert not is_equivalent(hostile, ground_truth, timeout_s=5.0)
     assert not is_equivalent(f"({hostile}, {other})", f"({ground_truth}, 2)", timeout_s=5.0)

@@ -27,7 +27,9 @@ def test_a_terminal_gets_a_bar_that_is_erased_at_the_end() -> None:
     assert shown.endswith(" \r") and "\n" not in shown  # overwritten with blanks: the step line stays alone
 
 
-def test_a_log_gets_a_line_per_interval_and_nothing_for_a_short_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_log_gets_a_line_per_interval_and_nothing_for_a_short_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     log = io.StringIO()
     short = _Progress(None, stream=log)
     short.update(16)

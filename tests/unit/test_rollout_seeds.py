@@ -34,9 +34,18 @@ class GenerateHandler(JsonHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/generate":
             self.server.bodies.append(body)  # type: ignore[attr-defined]
-            answer: Any = [{"output_ids": [i % 2], "meta_info": {
-                "id": rid, "finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.5, i % 2, None]],
-                "weight_version": "0"}} for i, rid in enumerate(body["rid"])]
+            answer: Any = [
+                {
+                    "output_ids": [i % 2],
+                    "meta_info": {
+                        "id": rid,
+                        "finish_reason": {"type": "stop"},
+                        "output_token_logprobs": [[-0.5, i % 2, None]],
+                        "weight_version": "0",
+                    },
+                }
+                for i, rid in enumerate(body["rid"])
+            ]
         else:
             answer = {}
         self.reply_json(answer)
@@ -61,8 +70,10 @@ def url(server: ThreadingHTTPServer) -> str:
 
 def seeds_by_prompt(server: ThreadingHTTPServer) -> dict[tuple[int, ...], list[int]]:
     """The seeds the recorded requests asked for, by prompt (one request per group)."""
-    return {tuple(body["input_ids"][0]): [params["sampling_seed"] for params in body["sampling_params"]]
-            for body in server.bodies}  # type: ignore[attr-defined]
+    return {
+        tuple(body["input_ids"][0]): [params["sampling_seed"] for params in body["sampling_params"]]
+        for body in server.bodies
+    }  # type: ignore[attr-defined]
 
 
 def test_sample_seed_is_a_fixed_function_of_its_parts() -> None:
@@ -78,11 +89,17 @@ def test_the_client_seeds_each_sample_only_when_asked(server: ThreadingHTTPServe
         list(client.stream_groups([("a", [5, 6])], n=3, group_seed=lambda key: 77))
         list(client.stream_groups([("b", [5, 6])], n=3))
     seeded, plain = server.bodies  # type: ignore[attr-defined]
-    assert [params["sampling_seed"] for params in seeded["sampling_params"]] == [sample_seed(77, i) for i in range(3)]
-    assert {k: v for k, v in seeded["sampling_params"][0].items() if k != "sampling_seed"} == plain["sampling_params"]
+    assert [params["sampling_seed"] for params in seeded["sampling_params"]] == [
+        sample_seed(77, i) for i in range(3)
+    ]
+    assert {k: v for k, v in seeded["sampling_params"][0].items() if k != "sampling_seed"} == plain[
+        "sampling_params"
+    ]
     assert "sampling_seed" not in plain["sampling_params"]
     with RolloutClient(url(server), RolloutConfig(deterministic=True)) as client:
-        with pytest.raises(ValueError, match=r"needs a group_seed .* all samples of a prompt would be identical"):
+        with pytest.raises(
+            ValueError, match=r"needs a group_seed .* all samples of a prompt would be identical"
+        ):
             client.stream_groups([("c", [5, 6])], n=3)
         list(client.stream_groups([("greedy", [5, 6])], n=1, temperature=0.0))  # greedy needs no seed
 
@@ -94,15 +111,25 @@ def rollouts(server: ThreadingHTTPServer, pool: RewardPool, state: dict[str, Any
     if state is not None:
         train.load_state_dict(state)
     rollout = RolloutConfig(n_samples_per_prompt=2, deterministic=True, seed=job.seed)
-    trainer = TrainerConfig(train_batch_size=2, ppo_mini_batch_size=2, gen_batch_size=3,
-                            dynamic_sampling_mode="batch_sync")
+    trainer = TrainerConfig(
+        train_batch_size=2, ppo_mini_batch_size=2, gen_batch_size=3, dynamic_sampling_mode="batch_sync"
+    )
     client = RolloutClient(url(server), rollout)
-    return RolloutManager(client, pool, train, rollout=rollout, trainer=trainer, decode=lambda ids: str(ids[0]),
-                          stop_token_ids=[], progress=False)
+    return RolloutManager(
+        client,
+        pool,
+        train,
+        rollout=rollout,
+        trainer=trainer,
+        decode=lambda ids: str(ids[0]),
+        stop_token_ids=[],
+        progress=False,
+    )
 
 
-def test_a_resumed_batch_sync_step_asks_for_the_seeds_of_the_original(server: ThreadingHTTPServer,
-                                                                      pool: RewardPool) -> None:
+def test_a_resumed_batch_sync_step_asks_for_the_seeds_of_the_original(
+    server: ThreadingHTTPServer, pool: RewardPool
+) -> None:
     original = rollouts(server, pool, state=None)
     original.collect()
     state = original.prompts.state_dict()  # what a checkpoint after the first step holds
@@ -125,8 +152,15 @@ def test_a_deterministic_evaluation_repeats_its_seeds(server: ThreadingHTTPServe
     def run(rollout: RolloutConfig) -> dict[tuple[int, ...], list[int]]:
         server.bodies.clear()  # type: ignore[attr-defined]
         with RolloutClient(url(server), rollout) as client:
-            evaluate(client, problems[:4], pool, cfg, decode=lambda ids: str(ids[0]), max_new_tokens=4,
-                     stop_token_ids=[])
+            evaluate(
+                client,
+                problems[:4],
+                pool,
+                cfg,
+                decode=lambda ids: str(ids[0]),
+                max_new_tokens=4,
+                stop_token_ids=[],
+            )
         return seeds_by_prompt(server) if isinstance(server.bodies[0]["sampling_params"], list) else {}  # type: ignore[attr-defined]
 
     seeded = run(RolloutConfig(deterministic=True, seed=7))

@@ -21,9 +21,13 @@ from tests.conftest import one_gloo_rank, tiny_qwen2
 # TE's names for one decoder layer of a Qwen2 GPTModel (QKV bias, no other linear bias, RMSNorm: TE's
 # LayerNormLinear has no `layer_norm_bias` for RMSNorm and registers no `bias` parameter without one).
 TE_LAYER_PARAMS = {
-    "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.weight",
-    "self_attention.linear_qkv.bias", "self_attention.linear_proj.weight",
-    "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight",
+    "self_attention.linear_qkv.layer_norm_weight",
+    "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv.bias",
+    "self_attention.linear_proj.weight",
+    "mlp.linear_fc1.layer_norm_weight",
+    "mlp.linear_fc1.weight",
+    "mlp.linear_fc2.weight",
 }
 
 
@@ -55,14 +59,20 @@ def te_spec_gpt_model(cfg: Any, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Mod
             return LayerNormColumnParallelLinear
 
     monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", StandInTESpecProvider, raising=False)
-    return GPTModel(config=transformer_config(cfg, ParallelConfig()),
-                    transformer_layer_spec=gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(),
-                    vocab_size=cfg.padded_vocab_size(1), max_sequence_length=cfg.max_position_embeddings,
-                    share_embeddings_and_output_weights=cfg.tie_word_embeddings, position_embedding_type="rope",
-                    rotary_base=int(cfg.rotary_base))
+    return GPTModel(
+        config=transformer_config(cfg, ParallelConfig()),
+        transformer_layer_spec=gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(),
+        vocab_size=cfg.padded_vocab_size(1),
+        max_sequence_length=cfg.max_position_embeddings,
+        share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(cfg.rotary_base),
+    )
 
 
-def test_te_spec_model_loads_exports_and_pushes_hf_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_te_spec_model_loads_exports_and_pushes_hf_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dapo_megatron import checkpoint
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.models import hf_io, hf_mapping
@@ -74,7 +84,9 @@ def test_te_spec_model_loads_exports_and_pushes_hf_weights(tmp_path: Path, monke
     hf_dir = tmp_path / "hf"
     hf_model = tiny_qwen2(hf_dir, vocab_size=250, num_layers=2)
     original = hf_io.load_hf_state(hf_dir)
-    cfg = ModelConfig.from_hf_config(hf_io.read_hf_config(hf_dir), params_dtype="float32", transformer_impl="local")
+    cfg = ModelConfig.from_hf_config(
+        hf_io.read_hf_config(hf_dir), params_dtype="float32", transformer_impl="local"
+    )
     tokens = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     with torch.no_grad():
@@ -82,13 +94,16 @@ def test_te_spec_model_loads_exports_and_pushes_hf_weights(tmp_path: Path, monke
 
     with one_gloo_rank(tmp_path / "store") as layout:
         model = te_spec_gpt_model(cfg, monkeypatch).eval()
-        layer_params = {name.removeprefix("decoder.layers.0.") for name, _ in model.named_parameters()
-                        if name.startswith("decoder.layers.0.")}
+        layer_params = {
+            name.removeprefix("decoder.layers.0.")
+            for name, _ in model.named_parameters()
+            if name.startswith("decoder.layers.0.")
+        }
         assert layer_params == TE_LAYER_PARAMS
 
         load_hf_weights(model, hf_dir, cfg, layout)
         with torch.no_grad():
-            logits = model(tokens, positions, None)[..., :cfg.vocab_size]
+            logits = model(tokens, positions, None)[..., : cfg.vocab_size]
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=2e-5)
 
         exported = hf_mapping.megatron_state_to_hf(gather_full_state(model, cfg, layout), cfg)
@@ -103,15 +118,21 @@ def test_te_spec_model_loads_exports_and_pushes_hf_weights(tmp_path: Path, monke
         local = build_gpt_model(cfg, ParallelConfig(), layout).eval()
         checkpoint.load_model(local, saved)
         with torch.no_grad():
-            torch.testing.assert_close(local(tokens, positions, None)[..., :cfg.vocab_size], logits, rtol=0, atol=0)
+            torch.testing.assert_close(
+                local(tokens, positions, None)[..., : cfg.vocab_size], logits, rtol=0, atol=0
+            )
 
 
 def test_extra_state_is_not_a_weight_in_any_form() -> None:
     from dapo_megatron.models.hf_mapping import canonical_megatron_name
 
     # TE's FP8 metadata in memory, and as torch_dist stores the local spec's (a ShardedObject per layer block).
-    for name in ("decoder.layers.3.self_attention.linear_qkv._extra_state",
-                 "decoder.layers.self_attention.linear_proj._extra_state/shard_0_8"):
+    for name in (
+        "decoder.layers.3.self_attention.linear_qkv._extra_state",
+        "decoder.layers.self_attention.linear_proj._extra_state/shard_0_8",
+    ):
         assert canonical_megatron_name(name) is None, name
-    assert canonical_megatron_name("decoder.layers.3.mlp.linear_fc1.layer_norm_weight") == \
-        "decoder.layers.3.pre_mlp_layernorm.weight"
+    assert (
+        canonical_megatron_name("decoder.layers.3.mlp.linear_fc1.layer_norm_weight")
+        == "decoder.layers.3.pre_mlp_layernorm.weight"
+    )

@@ -25,8 +25,12 @@ def numbered_rows(widths: list[int]) -> PolicyRows:
     for row, width in enumerate(widths):
         mask[row, 1:width] = 1.0
     tokens = torch.arange(n * (length + 1)).reshape(n, length + 1) % 97
-    return PolicyRows(tokens=tokens, response_mask=mask, advantages=torch.arange(n, dtype=torch.float32),
-                      old_log_prob=torch.randn(n, length))
+    return PolicyRows(
+        tokens=tokens,
+        response_mask=mask,
+        advantages=torch.arange(n, dtype=torch.float32),
+        old_log_prob=torch.randn(n, length),
+    )
 
 
 def ids(rows: PolicyRows) -> list[int]:
@@ -34,8 +38,12 @@ def ids(rows: PolicyRows) -> list[int]:
 
 
 def trainer(steps: int, micro_batch_size: int = 2, budget: int | None = None) -> TrainerConfig:
-    return TrainerConfig(train_batch_size=steps, ppo_mini_batch_size=1, micro_batch_size=micro_batch_size,
-                         max_tokens_per_micro_batch=budget)
+    return TrainerConfig(
+        train_batch_size=steps,
+        ppo_mini_batch_size=1,
+        micro_batch_size=micro_batch_size,
+        max_tokens_per_micro_batch=budget,
+    )
 
 
 def test_fixed_micro_batches_keep_the_contiguous_split() -> None:
@@ -53,12 +61,16 @@ WIDTHS = [int(w) for w in torch.randint(2, 40, (37,), generator=torch.Generator(
 def test_optimizer_steps_train_on_the_same_rows_with_a_token_budget(ranks: int, steps: int) -> None:
     rows = numbered_rows(WIDTHS)
     per_step: dict[str, list[set[int]]] = {}
-    configs = {"fixed": (trainer(steps), 1), "budget": (trainer(steps, budget=60), 1),
-               "padded budget": (trainer(steps, budget=60), 16)}
+    configs = {
+        "fixed": (trainer(steps), 1),
+        "budget": (trainer(steps, budget=60), 1),
+        "padded budget": (trainer(steps, budget=60), 16),
+    }
     for name, (config, multiple) in configs.items():
         shares = [split_rows(rows, ranks, rank, config, multiple=multiple) for rank in range(ranks)]
-        per_step[name] = [set().union(*(ids(share.mini_batches()[step][0]) for share in shares))
-                          for step in range(steps)]
+        per_step[name] = [
+            set().union(*(ids(share.mini_batches()[step][0]) for share in shares)) for step in range(steps)
+        ]
         assert sorted(i for share in shares for i in ids(share.rows)) == list(range(len(WIDTHS)))
     assert per_step["budget"] == per_step["padded budget"] == per_step["fixed"]
 
@@ -73,7 +85,9 @@ def test_token_budget_shares_are_planned_micro_batches() -> None:
             assert mb.tokens.numel() <= 60
             # Each micro-batch is cut to its longest row, and that row carries real tokens up to its end.
             assert mb.loss_mask[:, -1].any()
-    assert len({size for share in shares for size in share.all_micro_batch_sizes}) > 1, "rows per micro-batch vary"
+    assert len({size for share in shares for size in share.all_micro_batch_sizes}) > 1, (
+        "rows per micro-batch vary"
+    )
 
 
 def test_token_budget_shares_count_the_sequence_padding() -> None:
@@ -90,7 +104,9 @@ def test_token_budget_shares_count_the_sequence_padding() -> None:
 
 def test_micro_batches_follow_the_sizes_and_an_empty_one_adds_nothing() -> None:
     rows = numbered_rows([4, 7, 2])
-    rows.response_mask[0, 0] = 1.0  # a one-token prompt: the token the placeholder borrows is a response token
+    rows.response_mask[0, 0] = (
+        1.0  # a one-token prompt: the token the placeholder borrows is a response token
+    )
     micro = rows.micro_batches([2, 0, 1])
     assert [tuple(mb.tokens.shape) for mb in micro] == [(2, 7), (1, 1), (1, 2)]
     assert micro[2].advantages.tolist() == [2.0]
@@ -116,19 +132,28 @@ def test_budget_below_the_longest_row_is_a_config_error() -> None:
     longest = job.rollout.max_prompt_length + job.rollout.max_response_length
     with pytest.raises(C.ConfigError, match=f"trainer.max_tokens_per_micro_batch={longest - 1} cannot hold"):
         C.load([f"trainer.max_tokens_per_micro_batch={longest - 1}"])
-    assert C.load([f"trainer.max_tokens_per_micro_batch={longest}"]).trainer.max_tokens_per_micro_batch == longest
+    assert (
+        C.load([f"trainer.max_tokens_per_micro_batch={longest}"]).trainer.max_tokens_per_micro_batch
+        == longest
+    )
     with pytest.raises(C.ConfigError, match="max_tokens_per_micro_batch must be >= 0"):
         C.load(["trainer.max_tokens_per_micro_batch=-1"])
 
 
 def lagged_group(key: str, versions: list[str]) -> ScoredGroup:
-    return ScoredGroup(key, [ScoredSample([1], [2], [-0.1], "stop", 1.0, True, weight_version=v) for v in versions])
+    return ScoredGroup(
+        key, [ScoredSample([1], [2], [-0.1], "stop", 1.0, True, weight_version=v) for v in versions]
+    )
 
 
 def test_policy_lag_counts_updates_since_the_sampling_weights() -> None:
     """Trained at step 5's weights: a fresh group (step-5) lags 0, one generated ahead (step-4) 1, one carried
     over from before (step-3) 2."""
     lag = policy_lag([lagged_group("a", ["step-5", "step-4"]), lagged_group("b", ["step-3", "step-4"])], 5)
-    assert lag == {"rollout/policy_lag_mean": 1.0, "rollout/policy_lag_min": 0.0, "rollout/policy_lag_max": 2.0}
+    assert lag == {
+        "rollout/policy_lag_mean": 1.0,
+        "rollout/policy_lag_min": 0.0,
+        "rollout/policy_lag_max": 2.0,
+    }
     # Versions not set by this trainer's pushes (an engine that reports none) give no metric, not a wrong one.
     assert policy_lag([lagged_group("a", ["step-5", "None"])], 5) == {}

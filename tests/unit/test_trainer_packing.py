@@ -73,8 +73,11 @@ def test_the_budget_counts_the_padding_the_model_computes() -> None:
 
 
 def test_a_row_too_wide_once_padded_names_both_lengths() -> None:
-    with pytest.raises(ValueError, match=r"a row of 300 tokens \(384 as computed: .* multiple of 128\) does not "
-                                         r"fit the micro-batch budget of 320 tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"a row of 300 tokens \(384 as computed: .* multiple of 128\) does not "
+        r"fit the micro-batch budget of 320 tokens",
+    ):
         token_budget_plan([300, 10], ranks=1, max_tokens=320, multiple=128)
 
 

@@ -37,15 +37,23 @@ def test_the_task_and_its_split_seed_pick_the_problems(tokenizer) -> None:  # ty
     assert {tokenizer.decode(p.ids) for p in evaluation} <= held_out
     assert all(tokenizer.decode(next(train).ids) in trained for _ in range(50))
     # Without task_seed the job seed splits: another held-out set.
-    _, other = build_prompt_sources(C.load(["experiment=demo", "data.task=column_addition", "seed=0"]), tokenizer)
+    _, other = build_prompt_sources(
+        C.load(["experiment=demo", "data.task=column_addition", "seed=0"]), tokenizer
+    )
     assert {tokenizer.decode(p.ids) for p in other} != {tokenizer.decode(p.ids) for p in evaluation}
 
 
 @pytest.mark.skipif(not SHARED_DATA.exists(), reason="needs ../shared/data next to the repository")
 def test_data_files_replace_the_demo_task(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    job = C.load(["experiment=demo", f"data.train_files=[{SHARED_DATA / 'dapo_math_17k_sample27.jsonl'}]",
-                  f"data.eval_files=[{SHARED_DATA / 'aime-2024.dapo.parquet'}]", "rollout.max_prompt_length=300",
-                  "model.max_position_embeddings=512"])
+    job = C.load(
+        [
+            "experiment=demo",
+            f"data.train_files=[{SHARED_DATA / 'dapo_math_17k_sample27.jsonl'}]",
+            f"data.eval_files=[{SHARED_DATA / 'aime-2024.dapo.parquet'}]",
+            "rollout.max_prompt_length=300",
+            "model.max_position_embeddings=512",
+        ]
+    )
     train, evaluation = build_prompt_sources(job, tokenizer)
     assert len(evaluation) == 30  # 960 rows, 32 copies of each AIME problem, de-duplicated
     seen = {next(train).uid for _ in range(27)}

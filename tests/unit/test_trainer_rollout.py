@@ -40,8 +40,9 @@ class ScriptedEngine:
         self.completed: Counter[int] = Counter()
         self.aborting = False
 
-    def stream_groups(self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int,
-                      **_: object) -> Iterator[tuple[Hashable, list[Sample]]]:
+    def stream_groups(
+        self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int, **_: object
+    ) -> Iterator[tuple[Hashable, list[Sample]]]:
         assert n == N
         pending, clock, in_flight = iter(prompts), 0.0, []
         self.aborting = False
@@ -66,15 +67,27 @@ class ScriptedEngine:
         self.aborting = True
 
     def _samples(self, key: Hashable, number: int, *, aborted: bool) -> list[Sample]:
-        return [Sample(key, i, [number], [int(acc)], [-0.5], "abort" if aborted else "stop", "0", "scripted")
-                for i, acc in enumerate(self.outcome(number)[1])]
+        return [
+            Sample(key, i, [number], [int(acc)], [-0.5], "abort" if aborted else "stop", "0", "scripted")
+            for i, acc in enumerate(self.outcome(number)[1])
+        ]
 
 
 def manager(engine: ScriptedEngine, pool: RewardPool, **trainer: object) -> RolloutManager:
     prompts = (Prompt(uid=str(k), ids=[k], ground_truth="1", data_source="toy") for k in itertools.count())
-    config = TrainerConfig(**{"train_batch_size": 4, "ppo_mini_batch_size": 4, "gen_batch_size": 8, **trainer})
-    return RolloutManager(engine, pool, prompts, rollout=RolloutConfig(n_samples_per_prompt=N),  # type: ignore[arg-type]
-                          trainer=config, decode=lambda ids: str(ids[0]), stop_token_ids=[], progress=False)
+    config = TrainerConfig(
+        **{"train_batch_size": 4, "ppo_mini_batch_size": 4, "gen_batch_size": 8, **trainer}
+    )
+    return RolloutManager(
+        engine,
+        pool,
+        prompts,
+        rollout=RolloutConfig(n_samples_per_prompt=N),  # type: ignore[arg-type]
+        trainer=config,
+        decode=lambda ids: str(ids[0]),
+        stop_token_ids=[],
+        progress=False,
+    )
 
 
 @pytest.fixture
@@ -94,14 +107,15 @@ def test_streaming_batches_are_the_informative_prompts_in_draw_order(pool: Rewar
     """Slow groups are never passed over for fast ones, across steps no prompt is skipped, and a group that
     finished is never generated again (only the ones aborted in flight are)."""
     engine = ScriptedEngine(slots=6, outcome=slow_and_mixed)
-    assert batches(manager(engine, pool), 5) == [INFORMATIVE[i:i + 4] for i in range(0, 20, 4)]
+    assert batches(manager(engine, pool), 5) == [INFORMATIVE[i : i + 4] for i in range(0, 20, 4)]
     assert engine.generated[0] == 1 and max(engine.generated.values()) > 1
     assert max(engine.completed.values()) == 1
 
 
 @pytest.mark.parametrize("trainer", [{"carry_over": False}, {"max_carry_groups": 2}])
-def test_without_carry_over_or_past_its_bound_the_tail_is_skipped_in_order(pool: RewardPool,
-                                                                            trainer: dict[str, object]) -> None:
+def test_without_carry_over_or_past_its_bound_the_tail_is_skipped_in_order(
+    pool: RewardPool, trainer: dict[str, object]
+) -> None:
     engine = ScriptedEngine(slots=6, outcome=slow_and_mixed)
     rollouts = manager(engine, pool, **trainer)
     trained, metrics = [], []
@@ -112,15 +126,18 @@ def test_without_carry_over_or_past_its_bound_the_tail_is_skipped_in_order(pool:
     flat = [k for batch in trained for k in batch]
     assert flat == sorted(flat) and set(flat) <= set(INFORMATIVE)  # in draw order, nothing twice
     assert trained[0] == INFORMATIVE[:4]
+
     # Nothing passed over: a batch is one run of consecutive informative prompts, or two when the two
     # prompts carried over precede the skipped ones.
     def runs(batch: list[int]) -> list[list[int]]:
         return [batch] if "carry_over" in trainer else [batch[:2], batch[2:]]
 
     for run in (run for batch in trained for run in runs(batch)):
-        assert run == INFORMATIVE[INFORMATIVE.index(run[0]):INFORMATIVE.index(run[0]) + len(run)]
+        assert run == INFORMATIVE[INFORMATIVE.index(run[0]) : INFORMATIVE.index(run[0]) + len(run)]
     assert all(m["dynamic_sampling/skipped_prompts"] > 0 for m in metrics)
-    assert max(m["dynamic_sampling/backlog_prompts"] for m in metrics) == (0 if "carry_over" in trainer else 2)
+    assert max(m["dynamic_sampling/backlog_prompts"] for m in metrics) == (
+        0 if "carry_over" in trainer else 2
+    )
     assert max(engine.completed.values()) == 1
 
 
@@ -159,9 +176,16 @@ def test_cancel_from_another_thread_stops_drawing_and_raises(pool: RewardPool) -
     assert engine.aborting and max(engine.generated) == 2
 
 
-def test_without_dynamic_sampling_every_group_trains_and_the_informative_share_is_logged(pool: RewardPool) -> None:
-    rollouts = manager(ScriptedEngine(6, slow_and_mixed), pool, dynamic_sampling=False, train_batch_size=10,
-                       ppo_mini_batch_size=10)
+def test_without_dynamic_sampling_every_group_trains_and_the_informative_share_is_logged(
+    pool: RewardPool,
+) -> None:
+    rollouts = manager(
+        ScriptedEngine(6, slow_and_mixed),
+        pool,
+        dynamic_sampling=False,
+        train_batch_size=10,
+        ppo_mini_batch_size=10,
+    )
     groups, metrics = rollouts.collect()
     assert sorted(int(group.key) for group in groups) == list(range(10))  # all-correct prompts 4 and 9 too
     assert metrics["dynamic_sampling/keep_ratio"] == pytest.approx(8 / 10)

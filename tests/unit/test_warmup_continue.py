@@ -19,9 +19,14 @@ SHORT = ["warmup.eval_every=1", "warmup.eval_size=4", "warmup.batch_size=8", "wa
 
 
 def make_base(out: Path, *overrides: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(out), *SHORT,
-                           *overrides], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_demo_base.py"), "--output", str(out), *SHORT, *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+    )
     return proc
 
 
@@ -38,7 +43,9 @@ def test_a_continued_warmup_starts_from_the_earlier_weights(tmp_path: Path) -> N
     # One more step at a negligible lr (Adam's first step moves every weight by about lr): the continued
     # base is the first one if, and only if, the warm-up loaded it. Not loaded, it would be the seeded
     # initial weights, which the first base's two steps moved by ~2 x lr 3e-3.
-    second = make_base(tmp_path / "second", "warmup.max_steps=1", "warmup.lr=1e-9", f"model.hf_dir={tmp_path / 'first'}")
+    second = make_base(
+        tmp_path / "second", "warmup.max_steps=1", "warmup.lr=1e-9", f"model.hf_dir={tmp_path / 'first'}"
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "continuing the warm-up" in second.stdout
     before, after = load_hf_state(tmp_path / "first"), load_hf_state(tmp_path / "second")
@@ -64,8 +71,13 @@ def test_the_refusal_sees_a_base_set_by_a_config(tmp_path: Path) -> None:
     assert (base / "warmup_summary.json").exists()
 
 
-@pytest.mark.parametrize(("built", "message"), [({"task": "column_addition", "task_seed": 1234}, "data.task=column_addition"),
-                                                ({"task": "addition", "task_seed": 7}, "data.task_seed=7")])
+@pytest.mark.parametrize(
+    ("built", "message"),
+    [
+        ({"task": "column_addition", "task_seed": 1234}, "data.task=column_addition"),
+        ({"task": "addition", "task_seed": 7}, "data.task_seed=7"),
+    ],
+)
 def test_a_warmup_refuses_a_base_of_another_task_or_split(tmp_path: Path, built: dict, message: str) -> None:
     base = write_summary(tmp_path / "base", **built)
     job = job_config.load([f"model.hf_dir={base}"], world_size=1)

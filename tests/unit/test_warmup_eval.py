@@ -22,15 +22,24 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[torch.nn.
         yield tiny_policy(layout, vocab_size=128)[0], layout
 
 
-def test_teacher_forcing_accepts_exactly_what_greedy_decoding_writes(policy: tuple[torch.nn.Module, object]) -> None:
+def test_teacher_forcing_accepts_exactly_what_greedy_decoding_writes(
+    policy: tuple[torch.nn.Module, object],
+) -> None:
     from dapo_megatron.trainer.forward import greedy_generate
     from dapo_megatron.trainer.warmup import target_row, teacher_forced_exact
 
     model, layout = policy
     problems = arithmetic.problems("eval", task="column_addition")[:12]
     prompts = [char_tokenizer.encode(p.prompt) for p in problems]
-    greedy = greedy_generate(model, prompts, layout, max_new_tokens=8, eos_token_id=char_tokenizer.EOS_ID,
-                             pad_token_id=char_tokenizer.PAD_ID, vocab_size=VOCAB)
+    greedy = greedy_generate(
+        model,
+        prompts,
+        layout,
+        max_new_tokens=8,
+        eos_token_id=char_tokenizer.EOS_ID,
+        pad_token_id=char_tokenizer.PAD_ID,
+        vocab_size=VOCAB,
+    )
 
     def exact(rows: list[tuple[list[int], list[int]]]) -> list[bool]:
         # Micro-batches of 5: three of them, of different widths.
@@ -38,7 +47,13 @@ def test_teacher_forcing_accepts_exactly_what_greedy_decoding_writes(policy: tup
 
     assert exact(list(zip(prompts, greedy, strict=True))) == [True] * 12
     # One token off, at the end or the start of the completion: rejected.
-    assert exact([(p, [*c[:-1], (c[-1] + 1) % VOCAB]) for p, c in zip(prompts, greedy, strict=True)]) == [False] * 12
-    assert exact([(p, [(c[0] + 1) % VOCAB, *c[1:]]) for p, c in zip(prompts, greedy, strict=True)]) == [False] * 12
+    assert (
+        exact([(p, [*c[:-1], (c[-1] + 1) % VOCAB]) for p, c in zip(prompts, greedy, strict=True)])
+        == [False] * 12
+    )
+    assert (
+        exact([(p, [(c[0] + 1) % VOCAB, *c[1:]]) for p, c in zip(prompts, greedy, strict=True)])
+        == [False] * 12
+    )
     # An untrained policy writes none of the worked targets.
     assert not any(exact([target_row(p) for p in problems]))
