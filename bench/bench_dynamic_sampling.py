@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Dynamic-sampling cost: samples generated per sample trained on, streaming versus batch-synchronous, on the demo.
+"""Dynamic-sampling cost: samples generated per sample trained on, streaming versus batch-synchronous, on the
+demo.
 
-    python bench/bench_dynamic_sampling.py [--steps 30 --seed 0 --base outputs/demo_base] [--quick] [--json PATH]
+    python bench/bench_dynamic_sampling.py [--steps 30 --seed 0 --base outputs/demo_base] [--quick]
+        [--json PATH]
 
 Two demo trainings, one after the other, same base, seed, batch and steps:
   * streaming (the default `trainer.dynamic_sampling_mode`): each prompt group is judged the moment it

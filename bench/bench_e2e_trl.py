@@ -49,11 +49,11 @@ excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e
 `e2e_throughput_synchronous_vs_trl[_demo]` (the same without generating ahead),
 `e2e_throughput_dynamic_sampling_vs_trl[_demo]` (the same with dynamic sampling), generated tokens/s and
 informative samples/s (with dynamic sampling), and `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
-None when either side did not reach the target; when only this project did, `time_to_accuracy_vs_trl_upper_bound
-[_demo]`: its time over TRL's whole evaluated run, which the true ratio is below).
-`--repeats N` runs this project's accuracy run N times (runs that generate ahead differ by timing even at one
-seed; TRL's are deterministic here and run once): its time to accuracy is then the upper median over the runs,
-a run that missed the target counting as slower than any that reached it, and
+None when either side did not reach the target; when only this project did,
+`time_to_accuracy_vs_trl_upper_bound [_demo]`: its time over TRL's whole evaluated run, which the true ratio
+is below). `--repeats N` runs this project's accuracy run N times (runs that generate ahead differ by timing
+even at one seed; TRL's are deterministic here and run once): its time to accuracy is then the upper median
+over the runs, a run that missed the target counting as slower than any that reached it, and
 `time_to_accuracy_reached_runs[_demo]` is the share of runs that reached it.
 """
 
@@ -501,8 +501,9 @@ def main() -> None:
                     (len(ratios) - 1) // 2
                 ]  # lower median
                 continue
-            # TRL first, then ours; never both at once (two cores). Ours generates ahead (trainer.overlap_rollout:
-            # the engine on one core, the trainer on the other), and once without, for comparison.
+            # TRL first, then ours; never both at once (two cores). Ours generates ahead
+            # (trainer.overlap_rollout: the engine on one core, the trainer on the other), and once without,
+            # for comparison.
             results[name] = {
                 "config": config,
                 "trl": trl(size, scratch, args),
@@ -555,8 +556,8 @@ def main() -> None:
                 mine["time_to_accuracy_s"], theirs["time_to_accuracy_s"]
             )
             summary[f"time_to_accuracy_reached_runs{size.suffix}"] = mine["reached_runs"]
-            # TRL never reached the target but this project did: TRL's time is longer than its whole evaluated run,
-            # so the ratio is below this bound (None stays None: a bound is not a measurement).
+            # TRL never reached the target but this project did: TRL's time is longer than its whole evaluated
+            # run, so the ratio is below this bound (None stays None: a bound is not a measurement).
             if (
                 mine["time_to_accuracy_s"] is not None
                 and theirs["time_to_accuracy_s"] is None

@@ -110,8 +110,8 @@ def main() -> None:
     for path, result in results.items():
         print(
             f"{path:8s} peak above inputs {result['peak_bytes'] / gib:6.2f} GiB "
-            f"(logits {result['input_bytes'] / gib:.2f} GiB, earlier peak {result['prior_peak_bytes'] / gib:.2f} GiB), "
-            f"fwd+bwd {result['seconds']:.3f} s"
+            f"(logits {result['input_bytes'] / gib:.2f} GiB, earlier peak "
+            f"{result['prior_peak_bytes'] / gib:.2f} GiB), fwd+bwd {result['seconds']:.3f} s"
         )
     naive, chunked = results["naive"], results["chunked"]
     print(f"logprob_peak_mem_vs_naive {chunked['peak_bytes'] / naive['peak_bytes']:.3f}")

@@ -129,9 +129,10 @@ def main() -> None:
         )
         responses = [length for _, lengths in sampled for length in lengths]
         print(
-            f"{phase}: responses median {statistics.median(responses):.0f} mean {statistics.mean(responses):.0f} "
-            f"tokens, {sum(r >= MAX_RESPONSE for r in responses) / len(responses):.1%} truncated; {args.ranks} DP ranks, "
-            f"{args.mini_batches} x {ROWS_PER_MINI_BATCH} rows"
+            f"{phase}: responses median {statistics.median(responses):.0f} mean "
+            f"{statistics.mean(responses):.0f} tokens, "
+            f"{sum(r >= MAX_RESPONSE for r in responses) / len(responses):.1%} truncated; {args.ranks} DP "
+            f"ranks, {args.mini_batches} x {ROWS_PER_MINI_BATCH} rows"
         )
         print(report(f"fixed, micro_batch_size={size}", fixed, args.ranks, args.mini_batches))
         print(report("fixed, micro_batch_size=1", one_row, args.ranks, args.mini_batches))

@@ -2,15 +2,17 @@
 """Weight-sync throughput: Megatron policy -> real SGLang engine on CPU, versus a plain memory copy, for
 each `rollout.sync_method` in the same run (same model, same engine).
 
-    python bench/bench_weight_sync.py [--layers 12 --hidden 768 --vocab 32000 --repeats 3 --methods tensor distributed]
+    python bench/bench_weight_sync.py [--layers 12 --hidden 768 --vocab 32000 --repeats 3
+        --methods tensor distributed]
 
 Default: a ~152M-parameter Qwen2 in fp32 (~580 MiB). Each sync is timed end to end (begin session, per-
 parameter gather, HF mapping, bucket flattening into the staging buffer, then either serialisation and the
 engine's copy out of shared memory (`tensor`) or a gloo broadcast into the engine (`distributed`), the
 engine's load into its model, end session). One untimed sync per method comes first, as in training, where
-the one-off costs are paid at start-up: the distributed path opens its process group, the tensor path moves the
-parameters into shared memory once (from then on the engine reads all but the split q/k/v where they lie). The baseline copies the same number of bytes from one buffer to another in
-this process, in the same run. Prints medians and, per method, `<method>_sync_bytes_per_s_vs_memcpy`.
+the one-off costs are paid at start-up: the distributed path opens its process group, the tensor path moves
+the parameters into shared memory once (from then on the engine reads all but the split q/k/v where they lie).
+The baseline copies the same number of bytes from one buffer to another in this process, in the same run.
+Prints medians and, per method, `<method>_sync_bytes_per_s_vs_memcpy`.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def main() -> None:
         "memcpy_bytes_per_s": copy_rate,
     }
     print(
-        f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of {args.bucket_mb} MiB"
+        f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of "
+        f"{args.bucket_mb} MiB"
     )
     print(f"memcpy median {statistics.median(copy_s):.3f}s  {copy_rate / 2**30:.2f} GiB/s")
     for method, seconds in sync_s.items():

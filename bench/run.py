@@ -11,8 +11,8 @@ failed, with the tail of its output, and the others still run; the exit status i
 
 `--quick` shrinks every benchmark to a smoke test (seconds to a few minutes each): its numbers check that
 the pipeline works and mean nothing about performance. The output file holds at least the target keys
-(`REQUIRED_KEYS`; `None` where a benchmark did not run or failed), each benchmark's status, time, ratios and the load
-average around it (the machine is shared: a high load marks a number to rerun).
+(`REQUIRED_KEYS`; `None` where a benchmark did not run or failed), each benchmark's status, time, ratios and
+the load average around it (the machine is shared: a high load marks a number to rerun).
 
 `--large` adds the ~30M-parameter size of e2e_trl, which carries the headline keys
 (`e2e_throughput_vs_trl`, `time_to_accuracy_vs_trl`). On the 2-core machine it takes far longer than the
@@ -50,8 +50,8 @@ REQUIRED_KEYS = (
     "real_token_fraction",
     "rollout_tokens_per_s_vs_stock",
 )
-"""The keys with a target in `TARGETS` or reported beside them (the demo-size e2e ratios, bench_rollout's), always
-present in the JSON output."""
+"""The keys with a target in `TARGETS` or reported beside them (the demo-size e2e ratios, bench_rollout's),
+always present in the JSON output."""
 
 TARGETS: dict[str, tuple[str, float]] = {
     "e2e_throughput_vs_trl": (">=", 1.5),
@@ -72,7 +72,8 @@ class Spec:
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
     large: tuple[str, ...] = ()
-    """Appended with --large (after `full` or `quick`, so a repeated option such as --sizes overrides theirs)."""
+    """Appended with --large (after `full` or `quick`, so a repeated option such as --sizes overrides
+    theirs)."""
 
 
 SPECS: dict[str, Spec] = {
@@ -109,8 +110,9 @@ def discover(bench_dir: Path) -> dict[str, Path]:
 
 
 def parse_ratios(stdout: str) -> dict[str, float | None]:
-    """Every `key value` line of a benchmark's output; a later line wins over an earlier one with the same key.
-    `None` (a benchmark's way of saying "not reached"), nan and inf become None, so the JSON stays strict."""
+    """Every `key value` line of a benchmark's output; a later line wins over an earlier one with the same
+    key. `None` (a benchmark's way of saying "not reached"), nan and inf become None, so the JSON stays
+    strict."""
     ratios: dict[str, float | None] = {}
     for line in stdout.splitlines():
         match = RATIO_LINE.match(line.strip())
@@ -168,12 +170,14 @@ def _text(data: str | bytes | None) -> str:
 
 
 def summary(results: list[Result]) -> dict[str, float | None]:
-    """The `REQUIRED_KEYS` from every benchmark's ratios (None where none reported it), plus all other ratios."""
+    """The `REQUIRED_KEYS` from every benchmark's ratios (None where none reported it), plus all other
+    ratios."""
     merged: dict[str, float | None] = {}
     for result in results:
         merged.update(result.ratios)
     if "sync_bytes_per_s_vs_memcpy" not in merged:
-        # bench_weight_sync reports each sync method; the job runs whichever is configured, so the best counts.
+        # bench_weight_sync reports each sync method; the job runs whichever is configured, so the best
+        # counts.
         per_method = [
             v for k, v in merged.items() if k.endswith("_sync_bytes_per_s_vs_memcpy") and v is not None
         ]
@@ -184,8 +188,8 @@ def summary(results: list[Result]) -> dict[str, float | None]:
 
 def verdict(key: str, value: float | None, *, judge: bool = True, upper_bound: float | None = None) -> str:
     """The target, and whether `value` meets it; `judge=False` (smoke-test numbers) shows the target only.
-    `upper_bound`: where `value` could not be measured (the peer never reached the accuracy), the ratio is known
-    to be below this; it meets a `<=` target it does not exceed."""
+    `upper_bound`: where `value` could not be measured (the peer never reached the accuracy), the ratio is
+    known to be below this; it meets a `<=` target it does not exceed."""
     if key not in TARGETS:
         return ""
     op, threshold = TARGETS[key]

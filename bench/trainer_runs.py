@@ -36,7 +36,8 @@ def ensure_base(
     base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 3600
 ) -> Path:
     """Build the base policy for `task` with tools/make_demo_base.py unless `base` already holds one; refuse a
-    base warmed up on another task (its summary says which; bases from before tasks existed are `addition`)."""
+    base warmed up on another task (its summary says which; bases from before tasks existed are
+    `addition`)."""
     summary = base / "warmup_summary.json"
     if (base / "config.json").exists():
         built = warmed_up_on(json.loads(summary.read_text()))[0] if summary.exists() else task

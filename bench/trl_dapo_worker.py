@@ -167,8 +167,8 @@ def main() -> None:
         adam_beta1=0.9,
         adam_beta2=0.999,
         adam_epsilon=1e-8,
-        # GRPOConfig turns bf16 autocast on unless told otherwise, on CPU too; this project trains in fp32, and
-        # the comparison must be of the same numerics.
+        # GRPOConfig turns bf16 autocast on unless told otherwise, on CPU too; this project trains in fp32,
+        # and the comparison must be of the same numerics.
         bf16=False,
     )
     out = args.out.open("w")

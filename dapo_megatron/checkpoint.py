@@ -7,8 +7,10 @@ Layout on disk (Megatron-LM's convention, so its tools recognise it):
     <root>/iter_0000100/dapo_model.json          the ModelConfig the weights belong to
     <root>/iter_0000100/rank_00000.pt            training checkpoints: each rank's optimizer, LR
                                                  schedule and RNG states (resume in the same layout)
-    <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, dynamic-sampling backlog
-    <root>/iter_0000100/dapo_manifest.json       written last: every file's size, and a SHA-256 of the small ones
+    <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, dynamic-sampling
+                                                 backlog
+    <root>/iter_0000100/dapo_manifest.json       written last: every file's size, and a SHA-256 of the small
+                                                 ones
 
 torch_dist stores every tensor by its global shape, so a checkpoint written under one TP x PP layout
 loads under any other. A step directory is written under a temporary name and renamed once every

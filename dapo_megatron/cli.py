@@ -24,7 +24,7 @@ Arguments are Hydra overrides of configs/config.yaml, for example:
   dry_run=true                            check the config and plan memory for the planned cluster; start nothing
 
 Fields are documented on their dataclasses (dapo_megatron/*/config.py). Config errors exit with code 2.
-"""
+"""  # noqa: E501 (a usage table; the text is printed as is)
 
 
 def _config_errors() -> tuple[type[BaseException], ...]:

@@ -109,23 +109,23 @@ def validate(job: JobConfig, world_size: int) -> None:
             )
     if model.num_layers % pp:
         raise ConfigError(
-            f"model.num_layers={model.num_layers} is not divisible by parallel.pipeline_model_parallel_size={pp}; "
-            f"choose a pipeline size that divides {model.num_layers} "
-            f"(for example {_largest_divisor_at_most(model.num_layers, pp)})."
+            f"model.num_layers={model.num_layers} is not divisible by "
+            f"parallel.pipeline_model_parallel_size={pp}; choose a pipeline size that divides "
+            f"{model.num_layers} (for example {_largest_divisor_at_most(model.num_layers, pp)})."
         )
     if world_size % (tp * pp):
         raise ConfigError(
-            f"the world size {world_size} is not a multiple of tensor x pipeline parallel = {tp} x {pp} = {tp * pp}; "
-            f"launch a multiple of {tp * pp} processes or change parallel.tensor_model_parallel_size / "
-            "parallel.pipeline_model_parallel_size."
+            f"the world size {world_size} is not a multiple of tensor x pipeline parallel = {tp} x {pp} = "
+            f"{tp * pp}; launch a multiple of {tp * pp} processes or change "
+            "parallel.tensor_model_parallel_size / parallel.pipeline_model_parallel_size."
         )
     rollout, trainer = job.rollout, job.trainer
     longest_row = rollout.max_sequence_tokens
     if longest_row > model.max_position_embeddings:
         raise ConfigError(
             f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} exceeds "
-            f"model.max_position_embeddings={model.max_position_embeddings}; shorten them or use a model with a "
-            "longer context."
+            f"model.max_position_embeddings={model.max_position_embeddings}; shorten them or use a model "
+            "with a longer context."
         )
     _validate_token_budget(job)
     if rollout.num_engines:
@@ -137,9 +137,10 @@ def validate(job: JobConfig, world_size: int) -> None:
     optimizer_steps = trainer.optimizer_steps
     if trainer.ppo_mini_batch_size * rollout.n_samples_per_prompt < dp:
         raise ConfigError(
-            f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x rollout.n_samples_per_prompt="
-            f"{rollout.n_samples_per_prompt} leaves some of the {dp} data-parallel ranks without a sequence in each "
-            f"of the {optimizer_steps} optimizer steps; raise trainer.ppo_mini_batch_size or use fewer ranks."
+            f"trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size} prompts x "
+            f"rollout.n_samples_per_prompt={rollout.n_samples_per_prompt} leaves some of the {dp} "
+            f"data-parallel ranks without a sequence in each of the {optimizer_steps} optimizer steps; raise "
+            "trainer.ppo_mini_batch_size or use fewer ranks."
         )
     if job.algo.kl_coef != 0:
         raise ConfigError(
@@ -154,8 +155,9 @@ def validate(job: JobConfig, world_size: int) -> None:
     ):
         rule = "divide" if par.recompute_method == "uniform" else "be at most"
         raise ConfigError(
-            f"parallel.recompute_num_layers={par.recompute_num_layers} must {rule} the {layers_per_stage} layers of "
-            f"a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 (recompute every layer)."
+            f"parallel.recompute_num_layers={par.recompute_num_layers} must {rule} the {layers_per_stage} "
+            f"layers of a pipeline stage with parallel.recompute_method={par.recompute_method}; use 1 "
+            "(recompute every layer)."
         )
     _validate_old_log_prob_source(job)  # first: its fix for quantized rollouts is not the TIS one below
     _validate_low_precision(job)
@@ -176,8 +178,8 @@ def _validate_token_budget(job: JobConfig) -> None:
         )
         raise ConfigError(
             f"trainer.max_tokens_per_micro_batch={budget} cannot hold the longest possible row, "
-            f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens{padding}; raise it to "
-            f"at least {computed} or set it to null (fixed trainer.micro_batch_size)."
+            f"rollout.max_prompt_length + rollout.max_response_length = {longest_row} tokens{padding}; raise "
+            f"it to at least {computed} or set it to null (fixed trainer.micro_batch_size)."
         )
 
 
@@ -203,8 +205,8 @@ def _validate_low_precision(job: JobConfig) -> None:
             "or model.fp8.param_gather=false."
         )
     if model.fp8.enabled and model.fp8.param_gather:
-        # The weight sync would read FP8 tensors (data plus scales) where it expects the engine's dtype, and no
-        # GPU run has checked a dequantising path yet.
+        # The weight sync would read FP8 tensors (data plus scales) where it expects the engine's dtype, and
+        # no GPU run has checked a dequantising path yet.
         raise ConfigError(
             "model.fp8.param_gather=true keeps the layer weights as FP8 tensors, and the weight sync "
             "would send them to the engine undequantised (its weights are in rollout.dtype); set "
@@ -220,15 +222,15 @@ def _validate_low_precision(job: JobConfig) -> None:
                 )
     if job.rollout.quantization and job.algo.tis_cap is None:
         raise ConfigError(
-            f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, so the "
-            "rollout log-probs differ from the trainer's; set algo.tis_cap (truncated importance sampling, "
-            "e.g. algo.tis_cap=2.0) or rollout.quantization=null."
+            f"rollout.quantization={job.rollout.quantization} samples from a quantized copy of the policy, "
+            "so the rollout log-probs differ from the trainer's; set algo.tis_cap (truncated importance "
+            "sampling, e.g. algo.tis_cap=2.0) or rollout.quantization=null."
         )
 
 
 def _validate_old_log_prob_source(job: JobConfig) -> None:
-    """π_old taken from the engine is only as good as the engine's agreement with the trainer; batches generated
-    ahead (trainer.overlap_rollout) need it."""
+    """π_old taken from the engine is only as good as the engine's agreement with the trainer; batches
+    generated ahead (trainer.overlap_rollout) need it."""
     if job.trainer.overlap_rollout and job.algo.old_log_prob_source != "rollout":
         raise ConfigError(
             "trainer.overlap_rollout=true trains each batch one step after the weights that sampled "

@@ -5,12 +5,13 @@
     Prompt          uid, token ids, reference answer, data source                    the driving rank's stream
        | rollout/client.py: SGLang generates G samples per prompt
     Sample          one response: tokens, the engine's log-probs, finish reason, weight version
-       | trainer/collect.py: the reward pool grades each response (its input, `rewards.pool.RewardItem`, is the
-       | decoded text, the worker processes' own interface)
+       | trainer/collect.py: the reward pool grades each response (its input, `rewards.pool.RewardItem`, is
+       | the decoded text, the worker processes' own interface)
     ScoredSample    a sample with its score and accuracy; a prompt's G of them are a
     ScoredGroup     (GRPO normalises within a group, dynamic sampling judges it)
     Drawn           a prompt drawn by dynamic sampling and, once generated, its group: the carry-over backlog
-       | trainer/batch.py: shaped rewards, GRPO advantages, right-padded tensors (driving rank, then broadcast)
+       | trainer/batch.py: shaped rewards, GRPO advantages, right-padded tensors (driving rank, then
+       | broadcast)
     PolicyRows      token rows, response mask, advantages, log-probs
        | trainer/batch.split_rows: this data-parallel rank's share, cut per optimizer step and micro-batch
     RankShare       those rows in training order and how they are cut
@@ -160,7 +161,8 @@ class PolicyRows:
         return self.tokens.shape[0]
 
     def subset(self, rows: slice | torch.Tensor, width: int | None = None) -> PolicyRows:
-        """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to `width + 1`)."""
+        """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to
+        `width + 1`)."""
 
         def cut(t: torch.Tensor | None, extra: int = 0) -> torch.Tensor | None:
             return None if t is None else t[rows, : None if width is None else width + extra]

@@ -80,7 +80,8 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
     (`trainer.setup.Session`).
 
     A prompt's way to the loss, one owner per stage (the records it becomes: `records.py`):
-        rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, dynamic sampling
+        rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, dynamic
+                                                       sampling
         rollouts.training_batch     trainer/batch.py       shaped rewards, GRPO advantages, token rows
         split_rows                  trainer/batch.py       this data-parallel rank's share, per optimizer step
         update_policy -> Actor.train_step                  trainer/actor.py: one optimizer step
@@ -211,7 +212,8 @@ def console_line(step: int, total: int, m: dict[str, float]) -> str:
     }
     if "eval/accuracy" in m:
         fields["eval_acc"] = m["eval/accuracy"]
-    # Generated ahead, `gen` overlapped the previous step's update; `wait` is what the loop still waited for it.
+    # Generated ahead, `gen` overlapped the previous step's update; `wait` is what the loop still waited for
+    # it.
     wait = f" wait {m['timing_s/gen_wait']:.1f}" if "timing_s/gen_wait" in m else ""
     fields["t"] = (
         f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} "

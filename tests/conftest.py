@@ -50,7 +50,8 @@ def load_bench_script(stem: str) -> ModuleType:
 
 
 class JsonHandler(BaseHTTPRequestHandler):
-    """Base of the tests' stand-in HTTP servers (transport behaviour, recorded requests): JSON replies, no log."""
+    """Base of the tests' stand-in HTTP servers (transport behaviour, recorded requests): JSON replies, no
+    log."""
 
     def reply_json(self, answer: object) -> None:
         payload = json.dumps(answer).encode()
@@ -81,8 +82,8 @@ def local_http_server(handler: type[BaseHTTPRequestHandler], **state: Any) -> It
 
 @contextlib.contextmanager
 def one_gloo_rank(store: Path) -> Iterator[Any]:
-    """This process as the only rank of a gloo job, with megatron-core's groups; yields the ParallelLayout. A file
-    store, not a port: other test processes may share the machine."""
+    """This process as the only rank of a gloo job, with megatron-core's groups; yields the ParallelLayout. A
+    file store, not a port: other test processes may share the machine."""
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.distributed.layout import initialize, shutdown
 

@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def load_job(model: str, overrides: list[str]) -> JobConfig:
     """The config, validated as the job it plans (`cluster.*`, the dry run's world size): evaluation trains
-    nothing, so this one process is not the recipe's world (a 32B recipe's tensor parallelism needs 8 ranks)."""
+    nothing, so this one process is not the recipe's world (a 32B recipe's tensor parallelism needs 8
+    ranks)."""
     job = job_config.to_job_config(job_config.compose([f"model.hf_dir={model}", *overrides]))
     job_config.validate(job, world_size=job.cluster.world_size)
     return job
@@ -72,8 +73,8 @@ def eval_engines(
 ) -> list[SGLangEngine]:
     """The engines to evaluate with, not started: on CUDA the rollout layout on this node's `gpus` GPUs
     (`node_engine_gpus`), on CPU one engine."""
-    # The dtype stays rollout.dtype: `auto` is then the evaluated model's own (float32 on CPU), which need not be
-    # the policy's params_dtype of the config given.
+    # The dtype stays rollout.dtype: `auto` is then the evaluated model's own (float32 on CPU), which need not
+    # be the policy's params_dtype of the config given.
     rollout = dataclasses.replace(rollout_config(job), dtype=job.rollout.dtype)
     if device == "cpu":
         return [SGLangEngine(model_dir, rollout, log_file=log_dir / "engine.log")]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Run this first on a new GPU machine: the trainer's GPU paths, each one checked and timed, in a few minutes.
 
-    python tools/gpu_check.py [--steps 5] [--batch-size 8] [--seq-length 2048] [--skip-engine] [hydra overrides]
+    python tools/gpu_check.py [--steps 5] [--batch-size 8] [--seq-length 2048] [--skip-engine]
+        [hydra overrides]
     torchrun --nproc-per-node 8 tools/gpu_check.py model=qwen2.5-7b parallel.tensor_model_parallel_size=4
 
 Stages, one line each (`ok`, `skipped: why`, or `FAILED: error`), on a Qwen2 policy with random weights
@@ -58,11 +59,11 @@ ENGINE_OVERRIDES = (
     "eval.temperature=0.0",
     "rollout.sync_check=off",
 )
-"""The engine stage's rollouts: a few short greedy generations, so the stage is about start-up and sync (checked
-once, by the stage itself)."""
+"""The engine stage's rollouts: a few short greedy generations, so the stage is about start-up and sync
+(checked once, by the stage itself)."""
 BF16_SYNC_TOLERANCE = 0.05
-"""Engine against trainer, both bf16 with different kernels, unless `rollout.sync_check_tolerance` is given: the
-log-probs of a random policy sit near -log(vocab), and bf16 logits differ by about 1e-3 relative."""
+"""Engine against trainer, both bf16 with different kernels, unless `rollout.sync_check_tolerance` is given:
+the log-probs of a random policy sit near -log(vocab), and bf16 logits differ by about 1e-3 relative."""
 GIB = 2.0**30
 
 
@@ -242,7 +243,10 @@ def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
         return line
     peak_tflops = flops.peak_tflops(torch.cuda.get_device_name(), precision)
     if peak_tflops is None:
-        return f"{line}; MFU unknown: no {precision} peak for {torch.cuda.get_device_name()} in flops.PEAK_TFLOPS"
+        return (
+            f"{line}; MFU unknown: no {precision} peak for {torch.cuda.get_device_name()} in "
+            "flops.PEAK_TFLOPS"
+        )
     utilisation = flops.mfu(
         flops.training_flops(model_cfg, lengths),
         seconds,
@@ -291,8 +295,8 @@ def stage_logprobs(check: Check) -> str:
             f"gradient by {grad_gap:.3g} (tolerance {tolerance:g})"
         )
     line = (
-        f"[{check.args.logprob_tokens}, {vocab}] {dtype}: max |diff| log-prob {lp_gap:.2e}, grad {grad_gap:.2e}; "
-        f"fwd+bwd {chunked_s * 1e3:.0f} ms vs naive {naive_s * 1e3:.0f} ms"
+        f"[{check.args.logprob_tokens}, {vocab}] {dtype}: max |diff| log-prob {lp_gap:.2e}, grad "
+        f"{grad_gap:.2e}; fwd+bwd {chunked_s * 1e3:.0f} ms vs naive {naive_s * 1e3:.0f} ms"
     )
     if naive_peak is None:
         return f"{line}; peak memory: CUDA only (bench/bench_logprobs.py measures it on CPU)"
@@ -413,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
-            "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a GPU "
-            "node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, 'Clusters'), or "
-            "pass --allow-cpu to run the stages on the CPU.",
+            "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a "
+            "GPU node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, "
+            "'Clusters'), or pass --allow-cpu to run the stages on the CPU.",
             file=sys.stderr,
         )
         return 2
@@ -437,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             if layout.is_logging_rank:
                 print(
                     f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul "
-                    f"parameters), {layout.describe()}; {args.batch_size} x {args.seq_length} tokens per DP rank "
-                    f"and step, micro-batch {args.micro_batch_size}",
+                    f"parameters), {layout.describe()}; {args.batch_size} x {args.seq_length} tokens per DP "
+                    f"rank and step, micro-batch {args.micro_batch_size}",
                     flush=True,
                 )
             results = run_stages(check)

@@ -8,8 +8,9 @@ supervised warm-up on the arithmetic task (real megatron-core), stopping as soon
 accuracy reaches `warmup.target_accuracy` (default 0.22, inside the steep rise that follows learning the
 format): the format is learned, the arithmetic mostly not, which leaves RL something to teach. The result
 is an ordinary HF directory (config.json, safetensors, the character tokenizer, warmup_summary.json) that
-the trainer loads through the same HF -> Megatron mapping as Qwen2.5. Same seed and overrides, same base, on the same software versions. With
-`model.hf_dir=<an earlier base>` (and its model and task overrides) the warm-up continues that base.
+the trainer loads through the same HF -> Megatron mapping as Qwen2.5. Same seed and overrides, same base, on
+the same software versions. With `model.hf_dir=<an earlier base>` (and its model and task overrides) the
+warm-up continues that base.
 """
 
 from __future__ import annotations

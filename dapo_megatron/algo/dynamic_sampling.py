@@ -47,9 +47,9 @@ class BatchCollector(Generic[G]):
     slowest sample is. Admitting groups as they complete, then aborting the rest once the batch is full,
     would favour prompts whose samples are all short, and the slow groups it leaves out are the ones with
     long, rambling or truncated samples, which tend to carry the overlong penalty and the negative
-    advantage of wrong answers. So `offer` judges a group the moment it completes but admits it only once every earlier index
-    is resolved: the batch is the first `target_groups` informative groups in draw order, the set the
-    batch-synchronous recipe picks too, whatever the timing.
+    advantage of wrong answers. So `offer` judges a group the moment it completes but admits it only once
+    every earlier index is resolved: the batch is the first `target_groups` informative groups in draw order,
+    the set the batch-synchronous recipe picks too, whatever the timing.
 
     `carry_in(index, group)` places a group judged in an earlier step. Once `full`, nothing more is
     admitted; `leftover()` holds what was resolved past the batch, for the driver to carry over.
@@ -78,8 +78,8 @@ class BatchCollector(Generic[G]):
         return reason
 
     def take(self, group: G, accuracies: Sequence[bool]) -> str:
-        """Keep `group` whatever it is (dynamic sampling off), judging it only for the metrics: `keep_ratio` is
-        then the share of trained groups that carry a gradient."""
+        """Keep `group` whatever it is (dynamic sampling off), judging it only for the metrics: `keep_ratio`
+        is then the share of trained groups that carry a gradient."""
         reason = self._judge(accuracies)
         self.kept.append(group)
         return reason

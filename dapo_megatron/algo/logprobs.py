@@ -63,7 +63,8 @@ def vocab_parallel_logprobs(
         raise ValueError(f"chunk_size must be > 0; got {chunk_size}")
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
-            f"labels shape {tuple(labels.shape)} must equal logits shape without vocab {tuple(logits.shape[:-1])}"
+            f"labels shape {tuple(labels.shape)} must equal logits shape without vocab "
+            f"{tuple(logits.shape[:-1])}"
         )
     if process_group is None:
         rank, world_size = 0, 1

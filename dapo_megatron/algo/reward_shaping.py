@@ -72,7 +72,8 @@ def overlong_filter_mask(
         )
     if truncated.shape != response_mask.shape[:1]:
         raise ValueError(
-            f"need one truncation flag per response: got {tuple(truncated.shape)} for mask {tuple(response_mask.shape)}"
+            f"need one truncation flag per response: got {tuple(truncated.shape)} for mask "
+            f"{tuple(response_mask.shape)}"
         )
     keep = ~truncated.to(device=response_mask.device, dtype=torch.bool)
     return response_mask * keep.unsqueeze(-1).to(response_mask.dtype)

@@ -57,10 +57,11 @@ WARMUP_FRACTION = 0.55
 
 COLUMN_NAMES = ("units", "tens", "hundreds")
 """One per digit of `column_addition`'s operands. Named columns give every line a content anchor: a
-3M-parameter model learned this format (then with a comma before `write`) in ~250 supervised steps (held-out exact match 0.03 at step 200,
-0.25 at 225, 0.77 at 325), while with 9-digit operands on unlabelled lines (`7+6+1=14`, ~100 characters) the
-30M model was still at 0% after 150. Targets are 109-110 characters (110-111 tokens with EOS), inside a
-128-token response cap and its 16-token overlong buffer; prompts are 17 characters."""
+3M-parameter model learned this format (then with a comma before `write`) in ~250 supervised steps (held-out
+exact match 0.03 at step 200, 0.25 at 225, 0.77 at 325), while with 9-digit operands on unlabelled lines
+(`7+6+1=14`, ~100 characters) the 30M model was still at 0% after 150. Targets are 109-110 characters (110-111
+tokens with EOS), inside a 128-token response cap and its 16-token overlong buffer; prompts are 17
+characters."""
 COLUMN_PROBLEMS = 20_000
 """Distinct operand pairs drawn per seed, split with the same fractions as `addition`: 4000 held out (an
 evaluation takes the first few hundred), 11000 for the warm-up, which sees each at most once or twice in a
@@ -69,7 +70,8 @@ few hundred steps of 32, and 16000 RL prompts."""
 
 def warmed_up_on(summary: dict[str, Any]) -> tuple[str, int]:
     """The task and split seed of a base, from its warm-up's warmup_summary.json: its held-out problems are
-    that split's. Bases from before tasks existed are `addition`; from before task_seed, split with the job seed."""
+    that split's. Bases from before tasks existed are `addition`; from before task_seed, split with the job
+    seed."""
     return summary.get("task", "addition"), summary.get("task_seed", summary["seed"])
 
 

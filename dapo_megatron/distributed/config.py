@@ -23,16 +23,19 @@ class ParallelConfig:
     in backward). Trades about one extra forward pass for most of the activation memory."""
     recompute_method: str = "uniform"
     """With `full`: `uniform` checkpoints every chunk of `recompute_num_layers` layers of a pipeline stage;
-    `block` recomputes only the first `recompute_num_layers` layers of each stage (the rest keep everything)."""
+    `block` recomputes only the first `recompute_num_layers` layers of each stage (the rest keep
+    everything)."""
     recompute_num_layers: int = 1
-    """Layers per recompute unit (`uniform`; must divide a stage's layers) or recomputed layers per stage (`block`)."""
+    """Layers per recompute unit (`uniform`; must divide a stage's layers) or recomputed layers per stage
+    (`block`)."""
     backend: str = "auto"
     """Process-group backend: `auto` (nccl for CUDA tensors plus gloo for host tensors with CUDA, else gloo),
     `nccl` or `gloo`."""
     timeout_minutes: int = 30
-    """Collective timeout beyond the longest wait the recipe allows: the trainer adds the bound on a rollout step
-    and an evaluation, which the ranks that do not drive the rollout spend in a collective
-    (`distributed/timeout.collective_timeout`). A hung rank fails the job after it instead of hanging forever."""
+    """Collective timeout beyond the longest wait the recipe allows: the trainer adds the bound on a rollout
+    step and an evaluation, which the ranks that do not drive the rollout spend in a collective
+    (`distributed/timeout.collective_timeout`). A hung rank fails the job after it instead of hanging
+    forever."""
 
     def __post_init__(self) -> None:
         for name in (

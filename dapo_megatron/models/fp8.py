@@ -22,7 +22,8 @@ FP8_FORMATS = ("hybrid", "e4m3")
 """`hybrid`: e4m3 forward, e5m2 for gradients (the usual training choice); `e4m3` everywhere."""
 
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
-"""megatron-core 0.16.1's built-in scaling recipes (its `custom` recipe needs user code and is not offered)."""
+"""megatron-core 0.16.1's built-in scaling recipes (its `custom` recipe needs user code and is not
+offered)."""
 
 MIN_TE_VERSION = {"delayed": (1, 0), "tensorwise": (2, 2), "blockwise": (2, 3), "mxfp8": (2, 1)}
 """TE versions from which megatron-core 0.16.1 builds each recipe (`fp8_utils.get_fp8_recipe`)."""
@@ -212,7 +213,8 @@ def check_environment(fp8: Fp8Config, env: Fp8Environment, *, transformer_impl: 
     if env.te_version < needed_te:
         raise RuntimeError(
             f"model.fp8.recipe={fp8.recipe} needs Transformer Engine >= {_dotted(needed_te)}; "
-            f"this one is {_dotted(env.te_version)}. Use a newer container or model.fp8.recipe=delayed, {off}."
+            f"this one is {_dotted(env.te_version)}. Use a newer container or model.fp8.recipe=delayed, "
+            f"{off}."
         )
     needed_cc = MIN_COMPUTE_CAPABILITY[fp8.recipe]
     if env.compute_capability is None or env.compute_capability < needed_cc:

@@ -446,7 +446,8 @@ def gather_tensor_parallel(name: str, shards: Sequence[Tensor]) -> Tensor:
 
 @dataclass(frozen=True)
 class HFSlice:
-    """Indices [start, stop) of the Hugging Face tensor `name` along `dim`; the whole tensor when `dim` is None."""
+    """Indices [start, stop) of the Hugging Face tensor `name` along `dim`; the whole tensor when `dim` is
+    None."""
 
     name: str
     dim: int | None = None

@@ -143,10 +143,10 @@ def export_hf(
     Streamed: the first replica of each pipeline stage (tp 0, dp 0) writes its stage's tensors, gathered over
     TP one at a time, as safetensors shards into a staging directory beside `out_dir` (on a filesystem every
     rank shares, as checkpoints need); rank 0 then writes the index and config.json and renames the directory
-    into place, replacing an earlier export only once this one is complete. `tokenizer_dir` is the HF directory
-    the model comes from: its tokenizer and other non-weight files are copied, and its config.json, if it has
-    one, is kept whole (bos/eos_token_id and the rest) with the weights' dtype; without one config.json is
-    `cfg.to_hf_config()`. If any rank fails, every rank raises and
+    into place, replacing an earlier export only once this one is complete. `tokenizer_dir` is the HF
+    directory the model comes from: its tokenizer and other non-weight files are copied, and its config.json,
+    if it has one, is kept whole (bos/eos_token_id and the rest) with the weights' dtype; without one
+    config.json is `cfg.to_hf_config()`. If any rank fails, every rank raises and
     the staging directory is removed.
     """
     from dapo_megatron.models import hf_export, hf_io

@@ -99,10 +99,10 @@ def describe_layout(job: JobConfig) -> str:
         f"{job.model.name} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPU(s) of "
         f"{cluster.gpu_memory_gib:g} GiB = {cluster.world_size} ranks\n"
         f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
-        f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, distributed "
-        f"optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
-        f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang engine(s) x TP {rollout.engine_tp_size}, "
-        f"mem_fraction_static {rollout.mem_fraction_static:g}"
+        f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, "
+        f"distributed optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
+        f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang "
+        f"engine(s) x TP {rollout.engine_tp_size}, mem_fraction_static {rollout.mem_fraction_static:g}"
     )
 
 
@@ -138,7 +138,8 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
     kv_tokens = max(plan.kv_tokens, 0)
     held = kv_tokens // plan.sequence_tokens
     # Not a problem (SGLang admits what fits and most rollouts stop short of the maximum), but past this
-    # point a long-response batch generates with fewer requests in flight than configured and retractions recompute.
+    # point a long-response batch generates with fewer requests in flight than configured and retractions
+    # recompute.
     queueing = (
         ""
         if kv_tokens >= job.rollout.max_in_flight_tokens
@@ -156,8 +157,8 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
             f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
             f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
             f"engine KV cache: {kv_tokens} tokens per engine = {held} full-length "
-            f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and CUDA "
-            f"graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+            f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and "
+            f"CUDA graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
         ]
     )
 

@@ -35,8 +35,8 @@ __all__ = [
 
 
 class ScorerSettings(Protocol):
-    """What a scorer reads of the ``reward`` config (``rewards.config.RewardConfig``, which imports this module
-    for the scorer names it accepts)."""
+    """What a scorer reads of the ``reward`` config (``rewards.config.RewardConfig``, which imports this
+    module for the scorer names it accepts)."""
 
     scorer: str
     boxed_fallback: bool
@@ -70,7 +70,8 @@ DATA_SOURCE_SCORERS: dict[str, str] = {
     "math_dapo": "math_dapo",
     "math": "math_dapo",
     "math_dapo_reasoning": "math_dapo",
-    # data.datasets wraps GSM8K questions in DAPO's prompt (`Answer: N` on the last line); answers are integers.
+    # data.datasets wraps GSM8K questions in DAPO's prompt (`Answer: N` on the last line); answers are
+    # integers.
     "gsm8k": "math_dapo",
 }
 """Exact ``data_source`` -> scorer name."""

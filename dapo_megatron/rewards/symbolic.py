@@ -443,8 +443,8 @@ def is_equivalent(pred: str, ground_truth: str, *, timeout_s: float | None = 5.0
     and compare equal: exactly for rationals and polynomial/rational expressions, by ``simplify``
     for other symbolic forms, and for irrational constants by evaluating the difference: equal
     only when sympy cannot tell it from zero at its maximum precision (a difference whose first
-    30 digits it can compute is nonzero, however large or small). Unparseable input, sympy errors and timeouts give False; this function
-    never raises on any input text.
+    30 digits it can compute is nonzero, however large or small). Unparseable input, sympy errors and timeouts
+    give False; this function never raises on any input text.
 
     Args:
         pred: the model's answer (untrusted).

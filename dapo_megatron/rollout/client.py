@@ -117,12 +117,12 @@ class RolloutClient:
         """Generate n samples per prompt; yield `(key, samples)` per prompt as each group completes.
 
         Prompts are pulled lazily, only when fewer than `max_concurrent_requests // n` groups (at least
-        one) per engine are in flight. Sampling arguments default to the config; temperature 0 means greedy (for
-        tests and evaluation; RL sampling needs temperature > 0). `progress` shows the samples generated
-        (of `progress_total`, if known: a bar on a terminal, a line every 30 s in a log); pass it on the logging
-        rank only. `group_seed(key)`, asked when a group is submitted, seeds its samples: sample i gets
-        `sampling_seed = sample_seed(group_seed(key), i)`, which SGLang uses only with deterministic inference
-        (rollout.deterministic); None leaves the sampler's own randomness.
+        one) per engine are in flight. Sampling arguments default to the config; temperature 0 means greedy
+        (for tests and evaluation; RL sampling needs temperature > 0). `progress` shows the samples generated
+        (of `progress_total`, if known: a bar on a terminal, a line every 30 s in a log); pass it on the
+        logging rank only. `group_seed(key)`, asked when a group is submitted, seeds its samples: sample i
+        gets `sampling_seed = sample_seed(group_seed(key), i)`, which SGLang uses only with deterministic
+        inference (rollout.deterministic); None leaves the sampler's own randomness.
 
         After `abort_all()` no further prompt is pulled and the groups in flight come back with their
         partial outputs, finish reason "abort". Closing the generator early aborts the groups in flight.

@@ -96,10 +96,11 @@ class RolloutConfig:
         if needed <= self.max_total_tokens:
             return None
         return (
-            f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} of "
-            f"rollout.max_concurrent_requests={self.max_concurrent_requests} requests of up to {per_request} "
-            "tokens: the engine queues the rest and retracts running requests when its KV cache fills, "
-            f"recomputing them. Set rollout.max_total_tokens={needed} (or lower max_concurrent_requests)."
+            f"rollout.max_total_tokens={self.max_total_tokens} holds {self.max_total_tokens // per_request} "
+            f"of rollout.max_concurrent_requests={self.max_concurrent_requests} requests of up to "
+            f"{per_request} tokens: the engine queues the rest and retracts running requests when its KV "
+            f"cache fills, recomputing them. Set rollout.max_total_tokens={needed} (or lower "
+            "max_concurrent_requests)."
         )
 
     def __post_init__(self) -> None:

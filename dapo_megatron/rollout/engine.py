@@ -44,9 +44,9 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 LOG_TAIL_LINES = 40
 CPU_ENGINE_THREADS = 1
-"""A CPU engine's intra-op threads unless the user set OMP_NUM_THREADS: beside an update more would compete with
-the trainer (trainer/cpu_threads.py leaves the engine this many cores, and gives it the rank's share while the
-trainer only waits for it)."""
+"""A CPU engine's intra-op threads unless the user set OMP_NUM_THREADS: beside an update more would compete
+with the trainer (trainer/cpu_threads.py leaves the engine this many cores, and gives it the rank's share
+while the trainer only waits for it)."""
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
 _TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
@@ -138,7 +138,8 @@ class SGLangEngine:
             raise ValueError(f"rollout.engine_tp_size must be 1 on CPU; got {cfg.engine_tp_size}")
         if device == "cpu" and cfg.quantization:
             raise ValueError(
-                f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on CPU"
+                f"rollout.quantization={cfg.quantization} needs a CUDA GPU; set rollout.quantization=null on "
+                "CPU"
             )
         if device == "cpu" and cfg.deterministic:
             raise ValueError(
@@ -157,7 +158,8 @@ class SGLangEngine:
         self.device = device
         self.base_gpu_id = base_gpu_id
         self.extra_args = list(extra_args)
-        # A launched CPU engine's intra-op thread count, which it follows while it runs (rollout/engine_threads.py).
+        # A launched CPU engine's intra-op thread count, which it follows while it runs
+        # (rollout/engine_threads.py).
         self.threads_file: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
@@ -284,8 +286,9 @@ class SGLangEngine:
             raise EngineError(f"port {self.port} on {self.host} is already in use")
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         if self.device == "cpu":
-            # Beside the log, not in /tmp: an engine killed before `shutdown` leaves its few bytes in the run's
-            # own directory. A CPU engine's log directory is local, and the engine reads the file per forward.
+            # Beside the log, not in /tmp: an engine killed before `shutdown` leaves its few bytes in the
+            # run's own directory. A CPU engine's log directory is local, and the engine reads the file per
+            # forward.
             fd, name = tempfile.mkstemp(
                 prefix=f"{self.log_file.name}.", suffix=".threads", dir=self.log_file.parent
             )
@@ -494,7 +497,8 @@ class EngineRecord:
     host: str
     """Hostname of the launching rank."""
     processes: tuple[tuple[int, float], ...]
-    """(pid, start time) of the server's launcher and SGLang workers; the start time tells a reused pid apart."""
+    """(pid, start time) of the server's launcher and SGLang workers; the start time tells a reused pid
+    apart."""
 
     def check_alive(self) -> None:
         """Raise EngineError with the log tail when a process of the engine is gone (checked on its own host;

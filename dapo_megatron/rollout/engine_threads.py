@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 
 def request_threads(path: Path, threads: int) -> None:
-    """Ask the engine that follows `path` to compute on `threads` intra-op threads from its next forward pass."""
+    """Ask the engine that follows `path` to compute on `threads` intra-op threads from its next forward
+    pass."""
     if threads < 1:
         raise ValueError(f"an engine needs at least one thread; got {threads}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)

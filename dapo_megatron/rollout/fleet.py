@@ -69,15 +69,15 @@ class EngineFleet:
 
     @property
     def launches_before_policy(self) -> bool:
-        """On CPU the engine starts before the policy is built, so SGLang's start-up (~20 s of imports in three
-        processes on two cores) overlaps with the trainer's. Not on GPUs: the engine sizes its KV cache from
-        the memory left free, which must already exclude the policy's."""
+        """On CPU the engine starts before the policy is built, so SGLang's start-up (~20 s of imports in
+        three processes on two cores) overlaps with the trainer's. Not on GPUs: the engine sizes its KV cache
+        from the memory left free, which must already exclude the policy's."""
         return self.device == "cpu"
 
     def launch(self) -> None:
-        """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group starts at
-        this rank's GPU; in a multi-node job it listens on the address towards the rendezvous host, where the
-        driving rank can reach it."""
+        """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group
+        starts at this rank's GPU; in a multi-node job it listens on the address towards the rendezvous host,
+        where the driving rank can reach it."""
         from dapo_megatron.rollout.engine import SGLangEngine, address_towards
 
         index = self.placement.owns(self.rank)
@@ -185,9 +185,9 @@ class EngineFleet:
         return time.perf_counter() - started
 
     def check_sync(self, version: str, actor: Actor, client: RolloutClient | None) -> float:
-        """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError beyond
-        rollout.sync_check_tolerance. Collective; `client`: the driving rank's (None elsewhere). Returns the
-        largest difference (0.0 off the driving rank)."""
+        """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError
+        beyond rollout.sync_check_tolerance. Collective; `client`: the driving rank's (None elsewhere).
+        Returns the largest difference (0.0 off the driving rank)."""
         return self.probe.check(
             actor,
             client,

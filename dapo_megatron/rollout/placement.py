@@ -77,8 +77,8 @@ def node_engine_gpus(rollout: RolloutConfig, gpus: int) -> list[int]:
 
 
 def check_overlap(trainer: TrainerConfig, device: str) -> None:
-    """trainer.overlap_rollout generates while the policy trains: the engine needs cores or devices the trainer
-    is not using. Raises ValueError naming the field on GPUs, where engines are colocated."""
+    """trainer.overlap_rollout generates while the policy trains: the engine needs cores or devices the
+    trainer is not using. Raises ValueError naming the field on GPUs, where engines are colocated."""
     if trainer.overlap_rollout and device == "cuda":
         raise ValueError(
             "trainer.overlap_rollout=true generates while the policy trains, but a colocated GPU "

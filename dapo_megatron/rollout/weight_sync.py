@@ -295,11 +295,13 @@ class WeightSync:
     def _set_aside(
         self, named: Iterator[tuple[str, torch.Tensor]], into: list[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Move the tensors that need no copy into `into` and yield the rest (by default: none, all of them)."""
+        """Move the tensors that need no copy into `into` and yield the rest (by default: none, all of
+        them)."""
         return named
 
     def _relay(self, route: StageRoute, payload: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The sender's `payload` (None: the end marker) on every rank of `route.group`; a no-op without one."""
+        """The sender's `payload` (None: the end marker) on every rank of `route.group`; a no-op without
+        one."""
         if route.group is None:
             return payload
         header = [None if payload is None else (payload["metadata"], payload["flattened_tensor"].numel())]
@@ -416,8 +418,8 @@ class TensorWeightSync(WeightSync):
     def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
         load_format = None
         if self.layout.device.type == "cpu":
-            # Named views of the staging buffer instead of SGLang's flattened format, so that every tensor of a
-            # sync goes through the engine's loader that keeps shared memory mapped between syncs.
+            # Named views of the staging buffer instead of SGLang's flattened format, so that every tensor of
+            # a sync goes through the engine's loader that keeps shared memory mapped between syncs.
             if isinstance(payload, dict):
                 payload = named_views(payload)
             load_format = cpu_weight_loader.LOAD_FORMAT
@@ -493,13 +495,13 @@ class UpdateGroup:
     `update_weights_from_distributed`. Opening it is collective with the engines; close it once.
 
     The group lives outside the trainer's own torch.distributed world: its own TCP store, served from this
-    process, and a gloo group built by SGLang's `init_custom_process_group`, the helper the engine uses for its
-    end, so both ends set gloo up with the same code. The engine reaches the store through
-    `rendezvous("tcp://host:port")` and prefixes it with the group name (sglang/srt/utils/common.py:2899-2905);
-    we serve the store ourselves and apply the same prefix, because our own `rendezvous` would, under torchrun
-    (TORCHELASTIC_USE_AGENT_STORE), only dial a store it expects the elastic agent to serve, and wait forever.
-    Gloo, not NCCL, also on GPU: a colocated engine shares the sender's GPU, and NCCL refuses two ranks of one
-    communicator on one device.
+    process, and a gloo group built by SGLang's `init_custom_process_group`, the helper the engine uses for
+    its end, so both ends set gloo up with the same code. The engine reaches the store through
+    `rendezvous("tcp://host:port")` and prefixes it with the group name
+    (sglang/srt/utils/common.py:2899-2905); we serve the store ourselves and apply the same prefix, because
+    our own `rendezvous` would, under torchrun (TORCHELASTIC_USE_AGENT_STORE), only dial a store it expects
+    the elastic agent to serve, and wait forever. Gloo, not NCCL, also on GPU: a colocated engine shares the
+    sender's GPU, and NCCL refuses two ranks of one communicator on one device.
     """
 
     def __init__(
@@ -512,7 +514,8 @@ class UpdateGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         host = address_towards(urlsplit(self.urls[0]).hostname or "127.0.0.1")
         world_size = 1 + len(self.urls) * engine_tp_size
-        # Port 0: the OS picks a free one. Not waiting for the engines here: gloo's connection set-up below does.
+        # Port 0: the OS picks a free one. Not waiting for the engines here: gloo's connection set-up below
+        # does.
         store = torch.distributed.TCPStore(
             host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
         )
@@ -590,8 +593,8 @@ class UpdateGroup:
         sent.wait()
 
     def close(self) -> None:
-        """Tear down both ends. Best effort on the engine's: at shutdown it may already be gone, and its end of
-        the group dies with it."""
+        """Tear down both ends. Best effort on the engine's: at shutdown it may already be gone, and its end
+        of the group dies with it."""
         group, self.group = self.group, None
         self._pool.shutdown()
         if group is None:

@@ -137,7 +137,8 @@ class Actor:
     def backward(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> list[dict[str, Any]]:
         """Zero the gradient buffers, then accumulate the gradient of the batch loss (finalized: reduced
         over data parallel and divided by the global unit count). Returns the raw micro-batch reports.
-        `micro_batch_size`: rows per micro-batch, or each consecutive micro-batch's rows (`micro_batch_sizes`)."""
+        `micro_batch_size`: rows per micro-batch, or each consecutive micro-batch's rows
+        (`micro_batch_sizes`)."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro = rows.micro_batches(micro_batch_sizes(len(rows), micro_batch_size))
@@ -150,7 +151,8 @@ class Actor:
         """log pi(label) under the current weights for every label position: [n, L - 1], zero outside
         `response_mask`, identical on every rank of this replica (the last stage computes it and
         broadcasts it along the pipeline). Used for the old-policy log-probs (at the sampling
-        temperature, the default) and for sync checks (temperature 1: SGLang scores given tokens untempered)."""
+        temperature, the default) and for sync checks (temperature 1: SGLang scores given tokens
+        untempered)."""
         group = self.layout.tp_group if self.layout.tp_size > 1 else None
         temperature = self.temperature if temperature is None else temperature
 

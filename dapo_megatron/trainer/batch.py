@@ -71,7 +71,8 @@ def build_rows(
     for row, sample in enumerate(samples):
         prompt, output = len(sample.prompt_ids), len(sample.output_ids)
         tokens[row, : prompt + output] = torch.tensor(sample.prompt_ids + sample.output_ids)
-        # Label position t scores token t + 1: the response occupies label positions prompt-1 .. prompt+output-2.
+        # Label position t scores token t + 1: the response occupies label positions prompt-1 ..
+        # prompt+output-2.
         truncated = algo.overlong_filter and sample.finish_reason == "length"
         mask[row, prompt - 1 : prompt - 1 + output] = 0.0 if truncated else 1.0
         rollout_log_prob[row, prompt - 1 : prompt - 1 + output] = torch.tensor(sample.rollout_log_probs)

@@ -80,8 +80,8 @@ class RolloutManager:
         """The prompt stream's position when the current `collect` began (rollout.deterministic)."""
 
     def cancel(self) -> None:
-        """Stop a `collect` running in another thread: no new requests, those in flight aborted; it then raises
-        CollectCancelled. For shutting down while a batch is generated ahead."""
+        """Stop a `collect` running in another thread: no new requests, those in flight aborted; it then
+        raises CollectCancelled. For shutting down while a batch is generated ahead."""
         self._cancelled.set()
         self.client.abort_all()
 
@@ -89,8 +89,8 @@ class RolloutManager:
         """The groups of the next training batch, and the rollout metrics."""
         started = time.perf_counter()
         if self.rollout.deterministic:
-            # Stands for the step in the samples' seeds: it is what a checkpoint restores, so a resumed job seeds
-            # its first step as the original run seeded that step.
+            # Stands for the step in the samples' seeds: it is what a checkpoint restores, so a resumed job
+            # seeds its first step as the original run seeded that step.
             self._step_position = json.dumps(self.prompts.state_dict(), sort_keys=True, default=str)
         trainer, stats = self.trainer, _Stats()
         size = trainer.train_batch_size
@@ -155,8 +155,8 @@ class RolloutManager:
             )
         )
         unresolved = self._unresolved(collector.leftover(), not_generated)
-        # Without carry-over nothing is kept, as in verl; past max_carry_groups the rest is skipped. Both cut by
-        # position, never by what finished.
+        # Without carry-over nothing is kept, as in verl; past max_carry_groups the rest is skipped. Both cut
+        # by position, never by what finished.
         self.backlog = unresolved[: trainer.max_carry_groups] if trainer.carry_over else []
         stats.skipped = len(unresolved) - len(self.backlog)
 

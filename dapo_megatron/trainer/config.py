@@ -12,10 +12,11 @@ class OptimConfig:
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_warmup_rollout_steps: int = 0
-    """Linear warm-up length in rollout steps (the paper: 20). The schedule advances once per optimizer step, over
-    this many times trainer.train_batch_size / trainer.ppo_mini_batch_size optimizer steps."""
+    """Linear warm-up length in rollout steps (the paper: 20). The schedule advances once per optimizer step,
+    over this many times trainer.train_batch_size / trainer.ppo_mini_batch_size optimizer steps."""
     lr_warmup_steps: int | None = None
-    """Replaced by lr_warmup_rollout_steps (this one counted optimizer steps); setting it is an error saying so."""
+    """Replaced by lr_warmup_rollout_steps (this one counted optimizer steps); setting it is an error saying
+    so."""
     weight_decay: float = 0.1
     decay_all_parameters: bool = False
     """Apply weight_decay to every parameter, as torch's AdamW over all parameters does (the paper's verl/FSDP
@@ -157,9 +158,9 @@ class TrainerConfig:
     was started with (OMP_NUM_THREADS; tools/demo.sh sets 1; unset, the share less the engine's one thread)
     while the engine generates beside the update: more threads there would oversubscribe the cores (see
     bench/RESULTS.md, 'CPU idle cores'). False: always the threads it was started with. The engine's side is
-    rollout.cpu_idle_cores; both are applied by trainer/cpu_threads.py. Ignored on GPUs. Whole-tensor sums (the
-    gradient norm) can differ in the last bit between thread counts, and generating ahead the switch depends on
-    timing: set false where two runs of the trainer must agree bit for bit."""
+    rollout.cpu_idle_cores; both are applied by trainer/cpu_threads.py. Ignored on GPUs. Whole-tensor sums
+    (the gradient norm) can differ in the last bit between thread counts, and generating ahead the switch
+    depends on timing: set false where two runs of the trainer must agree bit for bit."""
 
     save_every: int = 0
     """Checkpoint every N rollout steps (0: only at the end and on SIGTERM/SIGUSR1)."""
@@ -170,14 +171,15 @@ class TrainerConfig:
     """A torch_dist checkpoint to start from (tools/convert_hf_to_megatron.py output). Without it the
     policy starts from model.hf_dir's weights."""
     overwrite: bool = False
-    """Allow a run that does not resume (`resume=never`, or `auto` without a tracker) to write checkpoints into
-    an output_dir that already holds some. Without it such a start is refused: it would replace another run's
-    checkpoints and move the tracker backwards."""
+    """Allow a run that does not resume (`resume=never`, or `auto` without a tracker) to write checkpoints
+    into an output_dir that already holds some. Without it such a start is refused: it would replace another
+    run's checkpoints and move the tracker backwards."""
     keep_last_checkpoints: int = 0
     """Keep the N newest complete checkpoints and delete older ones, each only after a newer one is complete
     (0: keep all). A 32B checkpoint with optimizer state is ~450 GB."""
     keep_checkpoint_every: int = 0
-    """With keep_last_checkpoints, also keep every checkpoint whose step is a multiple of N (milestones; 0: none)."""
+    """With keep_last_checkpoints, also keep every checkpoint whose step is a multiple of N (milestones; 0:
+    none)."""
 
     def __post_init__(self) -> None:
         for name in (

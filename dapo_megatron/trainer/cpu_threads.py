@@ -65,14 +65,14 @@ class TrainerThreads:
         engine: SGLangEngine | None = None,
         engine_idle_cores: bool = False,
     ) -> TrainerThreads:
-        """`engine`: the CPU engine this rank launched, if any; with `engine_idle_cores` it computes on the rank's
-        share of the cores while the trainer waits for it."""
+        """`engine`: the CPU engine this rank launched, if any; with `engine_idle_cores` it computes on the
+        rank's share of the cores while the trainer waits for it."""
         started_with = torch.get_num_threads()
         if device_type != "cpu":
             return cls(beside_engine=started_with, alone=started_with)
         share = cores_per_rank(ranks_on_node)
-        # Without OMP_NUM_THREADS torch starts on every core, the engine's too: leave the engine the one thread
-        # it is started with (CPU_ENGINE_THREADS; a count the user set goes to both).
+        # Without OMP_NUM_THREADS torch starts on every core, the engine's too: leave the engine the one
+        # thread it is started with (CPU_ENGINE_THREADS; a count the user set goes to both).
         beside = started_with if os.environ.get("OMP_NUM_THREADS") else max(1, share - CPU_ENGINE_THREADS)
         engine_side = None
         if engine is not None and engine_idle_cores and share > engine.start_threads:
@@ -92,12 +92,14 @@ class TrainerThreads:
         torch.set_num_threads(self.beside_engine)
 
     def trainer_waiting(self) -> None:
-        """The update is done and the trainer waits for the engine: the engine may take the trainer's cores."""
+        """The update is done and the trainer waits for the engine: the engine may take the trainer's
+        cores."""
         if self.engine is not None:
             self.engine.request(self.engine.alone)
 
     def engine_idle(self) -> None:
-        """Nothing generates beside the trainer now; whatever the engine generates next, the trainer waits for."""
+        """Nothing generates beside the trainer now; whatever the engine generates next, the trainer waits
+        for."""
         self._batch = None
         self.trainer_waiting()
         torch.set_num_threads(self.alone)

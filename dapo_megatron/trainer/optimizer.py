@@ -23,11 +23,12 @@ def build_optimizer(
 ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """AdamW over a megatron DDP-wrapped model chunk, and a linear-warm-up-then-constant schedule.
 
-    `optimizer_steps_per_rollout_step` (`TrainerConfig.optimizer_steps`) converts optim.lr_warmup_rollout_steps
-    into the schedule's unit; it may be left out only without a warm-up. Call `scheduler.step(1)` before each
-    `optimizer.step()`: optimizer step k (1-based) then runs at lr * min(1, k / warm-up optimizer steps), so even
-    the first step learns (verl's schedule gives it lr 0). On resume the checkpoint restores the step count only;
-    lr, warm-up and weight decay come from this config, so a corrected recipe applies to a resumed run too.
+    `optimizer_steps_per_rollout_step` (`TrainerConfig.optimizer_steps`) converts
+    optim.lr_warmup_rollout_steps into the schedule's unit; it may be left out only without a warm-up. Call
+    `scheduler.step(1)` before each `optimizer.step()`: optimizer step k (1-based) then runs at
+    lr * min(1, k / warm-up optimizer steps), so even the first step learns (verl's schedule gives it lr 0).
+    On resume the checkpoint restores the step count only; lr, warm-up and weight decay come from this config,
+    so a corrected recipe applies to a resumed run too.
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -46,7 +47,8 @@ def build_optimizer(
         fp16=model_cfg.params_dtype == "float16",
         use_distributed_optimizer=parallel.use_distributed_optimizer,
     )
-    # megatron-core's default overrides (None) give biases and 1-D parameters wd_mult 0; no overrides decay all.
+    # megatron-core's default overrides (None) give biases and 1-D parameters wd_mult 0; no overrides decay
+    # all.
     optimizer = get_megatron_optimizer(
         config, [model], config_overrides={} if optim.decay_all_parameters else None
     )
@@ -82,8 +84,8 @@ def warmup_optimizer_steps(optim: OptimConfig, optimizer_steps_per_rollout_step:
 
 
 def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
-    """`optimizer.load_state_dict(state)`, refusing with the config field to set when the checkpoint's optimizer
-    split the parameters differently into decayed and exempt ones (optim.decay_all_parameters)."""
+    """`optimizer.load_state_dict(state)`, refusing with the config field to set when the checkpoint's
+    optimizer split the parameters differently into decayed and exempt ones (optim.decay_all_parameters)."""
     saved, current = _exempts_some(state), _exempts_some({"param_groups": optimizer.param_groups})
     if saved != current:
         raise ValueError(
@@ -123,7 +125,8 @@ def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch
             overlap_grad_reduce=parallel.overlap_grad_reduce,
             overlap_param_gather=parallel.overlap_param_gather,
             use_distributed_optimizer=parallel.use_distributed_optimizer,
-            # FP8 weights (model.fp8.param_gather) are gathered as FP8; the distributed optimizer keeps fp32 masters.
+            # FP8 weights (model.fp8.param_gather) are gathered as FP8; the distributed optimizer keeps fp32
+            # masters.
             fp8_param_gather=model.config.fp8_param,
         ),
         model,

@@ -33,9 +33,9 @@ class Policy:
         )
 
     def load_initial_state(self) -> tuple[int, dict[str, Any] | None]:
-        """Resume from the latest checkpoint (`trainer.resume`), else start from trainer.load or the HF weights.
-        Returns the step and the state the checkpoint shares across ranks (None when not resuming): the
-        rollout side's, which it restores (`RolloutSide.restore`)."""
+        """Resume from the latest checkpoint (`trainer.resume`), else start from trainer.load or the HF
+        weights. Returns the step and the state the checkpoint shares across ranks (None when not resuming):
+        the rollout side's, which it restores (`RolloutSide.restore`)."""
         resume = self.job.trainer.resume
         path = None
         if resume == "auto" and (self.checkpoints / checkpoint.TRACKER_FILE).exists():
@@ -54,8 +54,8 @@ class Policy:
         return 0, None
 
     def save(self, step: int, rollout_state: dict[str, Any] | None) -> Path:
-        """A checkpoint of step `step`: the model, every rank's optimizer and RNG states, and the driving rank's
-        `rollout_state` (None elsewhere) beside the step."""
+        """A checkpoint of step `step`: the model, every rank's optimizer and RNG states, and the driving
+        rank's `rollout_state` (None elsewhere) beside the step."""
         shared = None if rollout_state is None else {"step": step, **rollout_state}
         return checkpoint.save_model(
             self.model,

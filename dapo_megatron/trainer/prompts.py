@@ -47,8 +47,8 @@ def arithmetic_dataset(
     task: str = "addition",
     split_seed: int | None = None,
 ) -> PromptDataset:
-    """A synthetic task (`data.task`) as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are raw
-    text. `split_seed` (default `seed`) picks the split's problems, `seed` the epoch shuffles."""
+    """A synthetic task (`data.task`) as a data set, scored by DAPO's scorer (`Answer: <sum>`); prompts are
+    raw text. `split_seed` (default `seed`) picks the split's problems, `seed` the epoch shuffles."""
     examples = [
         PromptExample(
             uid=f"arithmetic-{split}-{i}",

@@ -89,8 +89,8 @@ class RolloutSide:
     # ------------------------------------------------------------------ what the loop calls
 
     def collect(self) -> Batch | tuple[None, dict[str, float]]:
-        """The next batch's groups and rollout metrics (driving rank; None elsewhere): the batch generated ahead
-        during the last update if there is one, else generated now."""
+        """The next batch's groups and rollout metrics (driving rank; None elsewhere): the batch generated
+        ahead during the last update if there is one, else generated now."""
         if not self.layout.is_logging_rank:
             return None, {}
         if self._ahead is not None:
@@ -116,8 +116,8 @@ class RolloutSide:
         return objects[0]
 
     def generate_ahead(self, threads: TrainerThreads) -> None:
-        """Start collecting the next batch in the background, with the weights the engine holds now. Collective
-        in effect: every rank leaves the engine its cores until `wait_for_ahead`."""
+        """Start collecting the next batch in the background, with the weights the engine holds now.
+        Collective in effect: every rank leaves the engine its cores until `wait_for_ahead`."""
         if self.layout.is_logging_rank:
             if self._ahead_worker is None:
                 self._ahead_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
@@ -150,8 +150,8 @@ class RolloutSide:
         )
 
     def state_dict(self) -> dict[str, Any] | None:
-        """What a checkpoint keeps (driving rank; None elsewhere): the prompt stream's position, the backlog and
-        the batch generated ahead (waited for)."""
+        """What a checkpoint keeps (driving rank; None elsewhere): the prompt stream's position, the backlog
+        and the batch generated ahead (waited for)."""
         if not self.layout.is_logging_rank:
             return None
         return {

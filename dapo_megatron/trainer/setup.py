@@ -38,7 +38,8 @@ class Session:
     4. the weight sync and its probe batch;
     5. the trainer's CPU threads.
     Taken down on exit, whatever was built of it: a batch generated ahead stopped, the weight sync, the
-    client and reward workers, the engine. The process groups are the caller's (`distributed.layout.shutdown`).
+    client and reward workers, the engine. The process groups are the caller's
+    (`distributed.layout.shutdown`).
 
     Args:
         env: this process's place (`distributed/launch.ProcessEnv`, or a `ParallelLayout` already made).

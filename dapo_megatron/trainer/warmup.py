@@ -46,7 +46,8 @@ def target_row(problem: arithmetic.Problem) -> tuple[list[int], list[int]]:
 
 
 def completion_batch(rows: list[tuple[list[int], list[int]]]) -> MicroBatch:
-    """(prompt ids, completion ids) rows as one right-padded micro-batch whose loss mask covers the completions.
+    """(prompt ids, completion ids) rows as one right-padded micro-batch whose loss mask covers the
+    completions.
 
     tokens, labels, loss_mask: [batch, seq] where labels[t] = the token after tokens[t].
     """
@@ -279,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
             metrics.print(
-                f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy {accuracy:.2f}; "
-                f"checkpoint {saved}, Hugging Face export {hf_dir}"
+                f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy "
+                f"{accuracy:.2f}; checkpoint {saved}, Hugging Face export {hf_dir}"
             )
     finally:
         shutdown()

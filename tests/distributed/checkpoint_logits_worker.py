@@ -10,8 +10,8 @@ import torch
 
 
 def load_under_layout(checkpoint_dir: str, tp: int, pp: int) -> tuple[Any, Any, torch.nn.Module]:
-    """(model config, layout, this rank's fp32 model) of a torch_dist checkpoint loaded at TP x PP. Also used by
-    hf_export_worker.py (run from this folder, so it imports this file as a top-level module)."""
+    """(model config, layout, this rank's fp32 model) of a torch_dist checkpoint loaded at TP x PP. Also used
+    by hf_export_worker.py (run from this folder, so it imports this file as a top-level module)."""
     from dapo_megatron import checkpoint
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.distributed.layout import initialize

@@ -1,5 +1,5 @@
-"""Load a torch_dist checkpoint under a TP x PP layout (run under torchrun) and export it the way training does
-(`weights.export_hf`); then export again to the same directory with the last stage's second shard write
+"""Load a torch_dist checkpoint under a TP x PP layout (run under torchrun) and export it the way training
+does (`weights.export_hf`); then export again to the same directory with the last stage's second shard write
 failing. Rank 0 writes every rank's outcome of the second export to --result (JSON)."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Exact resume of the policy update (run under torchrun): optimizer, LR schedule and RNG states.
 
-`--mode continuous` trains 4 DAPO steps, checkpointing after steps 1 and 2 (keeping the last one); `--mode resume` starts from other
-weights, loads that checkpoint and trains steps 3-4. Each step draws its advantages from torch's global
-RNG, so a resume that forgot the RNG state would train on different data. Rank 0 writes the losses and the
-final full weights.
+`--mode continuous` trains 4 DAPO steps, checkpointing after steps 1 and 2 (keeping the last one);
+`--mode resume` starts from other weights, loads that checkpoint and trains steps 3-4. Each step draws its
+advantages from torch's global RNG, so a resume that forgot the RNG state would train on different data.
+Rank 0 writes the losses and the final full weights.
 """
 
 from __future__ import annotations

@@ -312,10 +312,11 @@ def test_converter_peak_memory_is_bounded_and_a_kill_keeps_the_export(tmp_path: 
     assert proc.returncode == 0, proc.stderr[-4000:]
     baseline, peak = (int(v) * 1024 for v in proc.stdout.split("peak_kib")[-1].split())
     assert len(list(out.glob("model-*.safetensors"))) > 10
-    # The bound: the largest block read (64 MiB) twice, as torch.load materialises the stored chunk before it is
-    # copied into the block; one shard of pending tensors (32 MiB); 128 MiB of allocator slack (freed tensors
-    # under glibc's mmap threshold stay in its heap: about a shard and a layer). Measured: 240 MiB over the
-    # baseline; reading the whole checkpoint before writing (the converter before streaming) took 725 MiB.
+    # The bound: the largest block read (64 MiB) twice, as torch.load materialises the stored chunk before it
+    # is copied into the block; one shard of pending tensors (32 MiB); 128 MiB of allocator slack (freed
+    # tensors under glibc's mmap threshold stay in its heap: about a shard and a layer). Measured: 240 MiB
+    # over the baseline; reading the whole checkpoint before writing (the converter before streaming) took
+    # 725 MiB.
     bound = 2 * largest + SHARD_BYTES + 128 * 2**20
     assert model_bytes > 600 * 2**20
     assert peak - baseline < bound, (

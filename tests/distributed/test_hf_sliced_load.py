@@ -1,7 +1,7 @@
-"""Hugging Face weights at scale, measured on a ~320 MB fp32 model. Training from HF weights at TP2 x PP2: each
-rank reads its own slices of the checkpoint, not all of it (a 32B run would read ~65 GB on every rank), and its
-memory grows by about one parameter while it loads. The offline converter: tensor by tensor, with progress,
-in the checkpoint's own dtype, its memory a few of the largest tensor, not the model."""
+"""Hugging Face weights at scale, measured on a ~320 MB fp32 model. Training from HF weights at TP2 x PP2:
+each rank reads its own slices of the checkpoint, not all of it (a 32B run would read ~65 GB on every rank),
+and its memory grows by about one parameter while it loads. The offline converter: tensor by tensor, with
+progress, in the checkpoint's own dtype, its memory a few of the largest tensor, not the model."""
 
 from __future__ import annotations
 

@@ -166,7 +166,8 @@ def test_two_nodes_rendezvous_and_train(tmp_path: Path) -> None:
 
 
 def test_container_mounts_default_to_the_repository(tmp_path: Path) -> None:
-    """The default mount is the repository (where jobs are submitted from) at the same path, wherever it is."""
+    """The default mount is the repository (where jobs are submitted from) at the same path, wherever it
+    is."""
     clone = tmp_path / "somewhere" / "repo"
     shutil.copytree(SLURM_DIR, clone / "slurm")
     env = {k: v for k, v in os.environ.items() if k != "CONTAINER_MOUNTS"}

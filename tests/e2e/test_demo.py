@@ -121,8 +121,8 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
 ) -> None:
     """trainer.overlap_rollout: every batch after the first was sampled by weights one update older than those
     it trains (the engine reports the version it sampled with), and the console shows the wait. A checkpoint
-    keeps the batch generated ahead: resumed from step 2, the job trains on exactly the batch the uninterrupted
-    job trained on at step 3, to the same loss."""
+    keeps the batch generated ahead: resumed from step 2, the job trains on exactly the batch the
+    uninterrupted job trained on at step 3, to the same loss."""
     common = [
         sys.executable,
         "-m",
@@ -165,9 +165,9 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
     len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand between trainer and engine"
 )
 def test_the_engine_takes_the_trainers_cores_while_the_trainer_waits(demo_base: Path, tmp_path: Path) -> None:
-    """rollout.cpu_idle_cores (on by default, off in the demo) generating ahead: the engine computes on the rank's two cores while
-    the trainer only waits for it (the first sync's check, the first batch) and on its own one beside the update
-    (the batch ahead)."""
+    """rollout.cpu_idle_cores (on by default, off in the demo) generating ahead: the engine computes on the
+    rank's two cores while the trainer only waits for it (the first sync's check, the first batch) and on its
+    own one beside the update (the batch ahead)."""
     out = tmp_path / "run"
     run(
         [
@@ -205,10 +205,10 @@ def test_engine_killed_mid_rollout_fails_the_job_cleanly(
     demo_base: Path, tmp_path: Path, ranks: int, overrides: list[str]
 ) -> None:
     """The scheduler (the process an OOM killer would pick) dies while the driver generates, trains or pushes
-    weights (the kill lands wherever the job is right after a step line): the job must stop with an error naming
-    the engine and its log, and leave no process behind. With two ranks and an engine each, the dead engine is
-    rank 1's, which the driving rank 0 only knows by its record. Generating ahead, the kill lands while a
-    background thread generates the next batch: its error must reach the driver loop."""
+    weights (the kill lands wherever the job is right after a step line): the job must stop with an error
+    naming the engine and its log, and leave no process behind. With two ranks and an engine each, the dead
+    engine is rank 1's, which the driving rank 0 only knows by its record. Generating ahead, the kill lands
+    while a background thread generates the next batch: its error must reach the driver loop."""
     out = tmp_path / "run"
     console = tmp_path / "console.txt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")

@@ -68,7 +68,7 @@ COMPARE = textwrap.dedent("""
     diffs["causal_vs_not"] = (c - d).abs().max().item()
     diffs["registered"] = ATTENTION_BACKENDS["torch_native"].__name__
     print("RESULT " + json.dumps(diffs))
-""")
+""")  # noqa: E501 (code run in a subprocess; the text is kept as is)
 
 
 def test_batched_attention_equals_sglang_per_sequence_loop() -> None:

@@ -1,6 +1,6 @@
-"""tools/gpu_check.py: every stage a CPU can run, for real (megatron-core on gloo, a real SGLang engine), and the
-bookkeeping that keeps one failed stage from hiding the others. The CUDA-only measurements (MFU, GPU memory,
-FP8) are what is left for a GPU; the README's GPU table says so."""
+"""tools/gpu_check.py: every stage a CPU can run, for real (megatron-core on gloo, a real SGLang engine), and
+the bookkeeping that keeps one failed stage from hiding the others. The CUDA-only measurements (MFU, GPU
+memory, FP8) are what is left for a GPU; the README's GPU table says so."""
 
 from __future__ import annotations
 

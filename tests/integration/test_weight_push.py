@@ -132,9 +132,9 @@ def test_a_refused_broadcast_fails_at_once_and_retires_the_group(
 def test_cpu_loader_follows_shared_buffers_rewritten_in_place_or_replaced(
     engine: SGLangEngine, new_model: torch.nn.Module, tmp_path: Path
 ) -> None:
-    """The CPU sync's engine-side loader keeps the shared memory it was sent mapped between updates (torch then
-    reuses the mapping instead of opening the file again). What it serves must still be the latest content: of
-    the same staging buffer rewritten in place, and of a new buffer that replaced it."""
+    """The CPU sync's engine-side loader keeps the shared memory it was sent mapped between updates (torch
+    then reuses the mapping instead of opening the file again). What it serves must still be the latest
+    content: of the same staging buffer rewritten in place, and of a new buffer that replaced it."""
     torch.multiprocessing.set_sharing_strategy("file_system")
     other = tiny_qwen2(
         tmp_path / "other",

@@ -162,7 +162,8 @@ def test_log_ratio_clamp_keeps_loss_and_grad_finite() -> None:
 
 
 def test_ppo_kl_uses_the_clamped_log_ratio() -> None:
-    """verl's ppo_kl is the masked mean of -clamp(log π_θ - log π_old, -20, 20), like the ratio it trains on."""
+    """verl's ppo_kl is the masked mean of -clamp(log π_θ - log π_old, -20, 20), like the ratio it trains
+    on."""
     log_prob = torch.tensor([[30.0, -50.0, 0.5, 7.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0]])
     _, metrics = compute_policy_loss(log_prob, torch.zeros_like(log_prob), torch.ones(1), mask)

@@ -96,8 +96,8 @@ def test_throughput_pairs_run_both_sides_on_the_same_steps_and_ratio_each_pair(
 
 
 def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
-    """The ~30M size would otherwise inherit the demo's 16384-token cache, which holds ~100 of its 256 requests in
-    flight: the engine would queue and retract them and the benchmark would time that."""
+    """The ~30M size would otherwise inherit the demo's 16384-token cache, which holds ~100 of its 256
+    requests in flight: the engine would queue and retract them and the benchmark would time that."""
     for size in bench.SIZES.values():
         kv = [] if size.kv_tokens is None else [f"rollout.max_total_tokens={size.kv_tokens}"]
         job = C.load(["experiment=demo", *kv, f"rollout.max_response_length={size.max_new_tokens}"])

@@ -85,7 +85,8 @@ def test_retention_keeps_the_last_n_and_milestones(tmp_path: Path) -> None:
     (damaged / ".metadata").write_bytes(b"")
     deleted = checkpoint.prune(tmp_path, 30, keep_last=2, keep_every=10)
     assert sorted(path.name for path in deleted) == ["iter_0000005", "iter_0000012", "iter_0000015"]
-    # 25 and 30 are the last two, 10 and 20 milestones; 40 is newer than this run's step and not its to delete.
+    # 25 and 30 are the last two, 10 and 20 milestones; 40 is newer than this run's step and not its to
+    # delete.
     assert checkpoint.list_steps(tmp_path) == [10, 20, 25, 30, 40]
 
 
@@ -160,7 +161,8 @@ def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> No
 
 def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path) -> None:
     """What a trainer checkpoint holds besides tensors: numpy/python RNG states and this package's dataclasses
-    (the backlog's records; a config dataclass stands in for them here as it does not move between modules)."""
+    (the backlog's records; a config dataclass stands in for them here as it does not move between
+    modules)."""
     import random
 
     import numpy as np
@@ -182,7 +184,8 @@ def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path
 def test_records_saved_under_a_module_that_is_gone_still_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Checkpoints pickle the backlog's records by class path; the records have moved into dapo_megatron.records.
+    # Checkpoints pickle the backlog's records by class path; the records have moved into
+    # dapo_megatron.records.
     import sys
     import types
 

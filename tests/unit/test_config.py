@@ -112,7 +112,8 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
         (
             ["trainer.overlap_rollout=true"],
             1,
-            "trainer.overlap_rollout=true trains each batch one step after .*; set algo.old_log_prob_source=rollout or ",
+            "trainer.overlap_rollout=true trains each batch one step after .*; set "
+            "algo.old_log_prob_source=rollout or ",
         ),
         (
             ["algo.old_log_prob_source=rollout", "rollout.sync_check=off"],
@@ -122,7 +123,8 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
         (
             ["algo.old_log_prob_source=rollout", "rollout.quantization=fp8"],
             1,
-            "but rollout.quantization=fp8 samples from a quantized copy .*; set algo.old_log_prob_source=trainer$",
+            "but rollout.quantization=fp8 samples from a quantized copy .*; set "
+            "algo.old_log_prob_source=trainer$",
         ),
         (
             [

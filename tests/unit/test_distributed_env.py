@@ -85,7 +85,8 @@ def test_cpu_compat_is_scoped_to_megatron_modules() -> None:
         "import torch\nfrom dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
         "import megatron.core.pipeline_parallel.schedules as s\nimport megatron.core.transformer.utils as u\n"
         "print(s.torch is torch, torch.zeros(1, device='cpu').device, u.get_default_causal_mask(3).device)\n"
-        "try:\n    torch.zeros(1, device='cuda')\nexcept (AssertionError, RuntimeError):\n    print('real torch untouched')\n"
+        "try:\n    torch.zeros(1, device='cuda')\nexcept (AssertionError, RuntimeError):\n"
+        "    print('real torch untouched')\n"
     )
     assert out.split() == ["False", "cpu", "cpu", "real", "torch", "untouched"]
 
@@ -94,7 +95,8 @@ def test_cpu_compat_does_nothing_when_cuda_exists() -> None:
     out = _run(
         "import torch\ntorch.cuda.is_available = lambda: True\n"
         "from dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
-        "import megatron.core.pipeline_parallel.schedules as s\nimport megatron.core.tensor_parallel.random as r\n"
+        "import megatron.core.pipeline_parallel.schedules as s\n"
+        "import megatron.core.tensor_parallel.random as r\n"
         "print(s.torch is torch, r._set_cuda_rng_state.__module__)\n"
     )
     assert out.split() == ["True", "megatron.core.tensor_parallel.random"]

@@ -12,7 +12,8 @@ from dapo_megatron import config as C
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
 
-# The ~30M benchmark's requests under the demo's cache: 256 in flight, prompts up to 32 tokens, responses up to 128.
+# The ~30M benchmark's requests under the demo's cache: 256 in flight, prompts up to 32 tokens, responses up
+# to 128.
 TIGHT = RolloutConfig(
     max_total_tokens=16384, max_concurrent_requests=256, max_prompt_length=32, max_response_length=128
 )

@@ -95,7 +95,8 @@ def test_the_trainer_engine_gets_the_job_seed_and_deterministic_inference_on_gpu
 
 
 def test_sglang_parses_the_commands_as_meant() -> None:
-    """Flag names checked against the installed SGLang's parser (in a subprocess: importing it takes seconds)."""
+    """Flag names checked against the installed SGLang's parser (in a subprocess: importing it takes
+    seconds)."""
     cfg = RolloutConfig(seed=11, deterministic=True, engine_tp_size=2, dtype="bfloat16")
     gpu = SGLangEngine("m", cfg, log_file="e.log", device="cuda", base_gpu_id=2).command()
     cpu = SGLangEngine("m", RolloutConfig(seed=11), log_file="e.log", device="cpu").command()

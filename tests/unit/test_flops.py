@@ -1,4 +1,5 @@
-"""MFU arithmetic for tools/gpu_check.py (hand-computed numbers), the GPU peak table, and the tool's no-GPU exit."""
+"""MFU arithmetic for tools/gpu_check.py (hand-computed numbers), the GPU peak table, and the tool's no-GPU
+exit."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The pieces of a Hugging Face export: shards that safetensors reads back, config.json completed from the base
-model's, and atomic publication."""
+"""The pieces of a Hugging Face export: shards that safetensors reads back, config.json completed from the
+base model's, and atomic publication."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ def module_name(package: Path, path: Path) -> str:
 
 
 def module_level_imports(tree: ast.Module) -> set[str]:
-    """Absolute names imported by the module's own statements (and `if`/`try` blocks), not inside functions."""
+    """Absolute names imported by the module's own statements (and `if`/`try` blocks), not inside
+    functions."""
     names: set[str] = set()
 
     def visit(statements: list[ast.stmt]) -> None:

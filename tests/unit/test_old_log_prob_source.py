@@ -1,6 +1,6 @@
-"""`algo.old_log_prob_source=rollout`: the engine's log-probs stand in for π_old, the trainer's forward pass over
-the batch is skipped, and the update is the one the trainer's own log-probs would give when the two agree.
-Runs the real `train.update_policy` on a tiny megatron-core policy (one gloo rank)."""
+"""`algo.old_log_prob_source=rollout`: the engine's log-probs stand in for π_old, the trainer's forward pass
+over the batch is skipped, and the update is the one the trainer's own log-probs would give when the two
+agree. Runs the real `train.update_policy` on a tiny megatron-core policy (one gloo rank)."""
 
 from __future__ import annotations
 

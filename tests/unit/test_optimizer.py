@@ -1,5 +1,5 @@
-"""The optimizer and LR schedule as built for training: warm-up counted in rollout steps, which parameters decay,
-and what a resume takes from the checkpoint. Real megatron-core optimizers on one gloo rank."""
+"""The optimizer and LR schedule as built for training: warm-up counted in rollout steps, which parameters
+decay, and what a resume takes from the checkpoint. Real megatron-core optimizers on one gloo rank."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def test_a_warmup_needs_the_optimizer_steps_per_rollout_step() -> None:
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A factory of (model, optimizer, schedule) for a tiny Qwen2 policy, the same initial weights every time."""
+    """A factory of (model, optimizer, schedule) for a tiny Qwen2 policy, the same initial weights every
+    time."""
     pytest.importorskip("megatron.core")
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.trainer.optimizer import build_optimizer
@@ -79,7 +80,8 @@ def test_resume_keeps_the_step_and_takes_the_schedule_from_the_config(build: Any
 
 @pytest.mark.parametrize("decay_all", [True, False])
 def test_which_parameters_decay(build: Any, decay_all: bool) -> None:
-    """With zero gradients Adam's update is 0, so one step moves a parameter by -lr * its weight decay * itself."""
+    """With zero gradients Adam's update is 0, so one step moves a parameter by -lr * its weight decay *
+    itself."""
     lr, decay = 1e-2, 0.1
     model, optimizer, scheduler = build(
         OptimConfig(lr=lr, weight_decay=decay, decay_all_parameters=decay_all)

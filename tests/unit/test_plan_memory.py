@@ -28,8 +28,8 @@ SMALL = ModelConfig(
 
 def test_layer_activations_per_token_by_hand() -> None:
     # b = 2 bytes. Norm inputs/outputs 4h = 256 -> 512 B (replicated without SP, / TP with it). Inside TP:
-    # Q,K,V (4 + 2*2) * 16 = 128, attention output 64, SwiGLU in + out 3 * 128 = 384: 576 * 2 B / TP 2 = 576 B.
-    # Log-sum-exp: 4 B * 4 heads / TP 2 = 8 B.
+    # Q,K,V (4 + 2*2) * 16 = 128, attention output 64, SwiGLU in + out 3 * 128 = 384:
+    # 576 * 2 B / TP 2 = 576 B. Log-sum-exp: 4 B * 4 heads / TP 2 = 8 B.
     assert M.layer_activation_bytes(SMALL, tp=2, sequence_parallel=False) == 512 + 576 + 8
     assert M.layer_activation_bytes(SMALL, tp=2, sequence_parallel=True) == 256 + 576 + 8
     assert M.recompute_unit_input_bytes(SMALL, tp=2, sequence_parallel=False) == 128

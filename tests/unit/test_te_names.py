@@ -126,7 +126,8 @@ def test_te_spec_model_loads_exports_and_pushes_hf_weights(
 def test_extra_state_is_not_a_weight_in_any_form() -> None:
     from dapo_megatron.models.hf_mapping import canonical_megatron_name
 
-    # TE's FP8 metadata in memory, and as torch_dist stores the local spec's (a ShardedObject per layer block).
+    # TE's FP8 metadata in memory, and as torch_dist stores the local spec's (a ShardedObject per layer
+    # block).
     for name in (
         "decoder.layers.3.self_attention.linear_qkv._extra_state",
         "decoder.layers.self_attention.linear_proj._extra_state/shard_0_8",
