@@ -142,11 +142,6 @@ def validate(job: JobConfig, world_size: int) -> None:
             f"data-parallel ranks without a sequence in each of the {optimizer_steps} optimizer steps; raise "
             "trainer.ppo_mini_batch_size or use fewer ranks."
         )
-    if job.algo.kl_coef != 0:
-        raise ConfigError(
-            f"algo.kl_coef={job.algo.kl_coef}: the trainer keeps no reference policy yet, so a KL penalty "
-            "cannot be computed; set algo.kl_coef=0 (DAPO uses none)."
-        )
     layers_per_stage = model.num_layers // pp
     if par.recompute_granularity == "full" and (
         layers_per_stage % par.recompute_num_layers

@@ -6,26 +6,23 @@ OmegaConf or Hydra, so it can be unit-tested on CPU and reused by any trainer.
 
 from dapo_megatron.algo.advantages import compute_grpo_advantages
 from dapo_megatron.algo.aggregation import LOSS_AGG_MODES, aggregate, masked_mean
-from dapo_megatron.algo.config import KL_ESTIMATORS, AlgoConfig
+from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.logprobs import vocab_parallel_logprobs
 from dapo_megatron.algo.loss import (
     compute_actor_loss,
     compute_policy_loss,
-    kl_penalty,
     rollout_mismatch_metrics,
     truncated_is_weights,
 )
 from dapo_megatron.algo.reward_shaping import overlong_filter_mask, overlong_penalty
 
 __all__ = [
-    "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "AlgoConfig",
     "aggregate",
     "compute_actor_loss",
     "compute_grpo_advantages",
     "compute_policy_loss",
-    "kl_penalty",
     "masked_mean",
     "overlong_filter_mask",
     "overlong_penalty",

@@ -11,9 +11,6 @@ from dataclasses import dataclass
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 """Values of ``loss_agg_mode`` (see ``dapo_megatron.algo.aggregation.aggregate``)."""
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-"""Values of ``kl_estimator`` (see ``dapo_megatron.algo.loss.kl_penalty``)."""
-
 OLD_LOG_PROB_SOURCES = ("trainer", "rollout")
 """Values of ``old_log_prob_source``."""
 
@@ -54,12 +51,6 @@ class AlgoConfig:
 
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus subtracted from the loss. DAPO: 0 (entropy is only logged)."""
-
-    kl_coef: float = 0.0
-    """Weight of the KL-to-reference loss term. DAPO: 0 (no reference model). >= 0."""
-
-    kl_estimator: str = "k3"
-    """Per-token KL estimator for the KL term; one of KL_ESTIMATORS."""
 
     tis_cap: float | None = None
     """Truncated importance sampling cap on exp(old_log_prob − rollout_log_prob). None = TIS off."""
@@ -104,8 +95,6 @@ class AlgoConfig:
             "must be >= 0",
         )
         _require(math.isfinite(self.entropy_coeff), "entropy_coeff", self.entropy_coeff, "must be finite")
-        _require(self.kl_coef >= 0.0, "kl_coef", self.kl_coef, "must be >= 0")
-        _require_choice(self.kl_estimator, "kl_estimator", KL_ESTIMATORS)
         _require(
             self.tis_cap is None or self.tis_cap > 0.0,
             "tis_cap",

@@ -1,4 +1,4 @@
-"""DAPO policy loss (arXiv 2503.14476): decoupled clip, dual clip, optional TIS, entropy and KL terms.
+"""DAPO policy loss (arXiv 2503.14476): decoupled clip, dual clip, optional TIS and an entropy term.
 
 All per-token tensors are ``[batch, response_len]`` and aligned with ``response_mask`` (1 = token
 produced by the policy and trained on, 0 = padding or masked out). Metrics are detached 0-dim tensors
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from dapo_megatron.algo.aggregation import Normaliser, aggregate, masked_mean
-from dapo_megatron.algo.config import KL_ESTIMATORS, AlgoConfig
+from dapo_megatron.algo.config import AlgoConfig
 
 DEFAULT_LOG_RATIO_CLAMP = 20.0
 """Default bound on |log π_θ − log π_old| before ``exp``.
@@ -161,28 +161,6 @@ def _check_clip_params(
         raise ValueError(f"log_ratio_clamp must be > 0 or None; got {log_ratio_clamp}")
 
 
-def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from sampled-token log-probs, ``[batch, response_len]``.
-
-    With ``d = log_prob − ref_log_prob`` (tokens sampled from π_θ, or π_old ≈ π_θ):
-
-    * ``k1 = d``: unbiased, high variance, can be negative.
-    * ``k2 = d² / 2``: biased, always ≥ 0.
-    * ``k3 = exp(−d) + d − 1``: unbiased and ≥ 0 with low variance (Schulman's estimator; verl calls
-      it ``low_var_kl``). Default. ``d`` is clamped to ±``DEFAULT_LOG_RATIO_CLAMP`` before ``exp``
-      for the same overflow reason as the policy ratio.
-    """
-    log_diff = log_prob - ref_log_prob
-    if estimator == "k1":
-        return log_diff
-    if estimator == "k2":
-        return 0.5 * log_diff.square()
-    if estimator == "k3":
-        log_diff = log_diff.clamp(-DEFAULT_LOG_RATIO_CLAMP, DEFAULT_LOG_RATIO_CLAMP)
-        return torch.exp(-log_diff) + log_diff - 1.0
-    raise ValueError(f"unknown kl_estimator {estimator!r}; expected one of {', '.join(KL_ESTIMATORS)}")
-
-
 def truncated_is_weights(old_log_prob: Tensor, rollout_log_prob: Tensor, *, cap: float) -> Tensor:
     """Truncated importance-sampling weights ``min(exp(old_log_prob − rollout_log_prob), cap)``.
 
@@ -221,35 +199,31 @@ def compute_actor_loss(
     config: AlgoConfig,
     *,
     entropy: Tensor | None = None,
-    ref_log_prob: Tensor | None = None,
     rollout_log_prob: Tensor | None = None,
     num_tokens: Normaliser | None = None,
     num_sequences: Normaliser | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Total actor loss ``pg_loss − entropy_coeff·agg(entropy) + kl_coef·agg(kl)`` (same aggregation).
+    """Total actor loss ``pg_loss − entropy_coeff·agg(entropy)`` (same aggregation). There is no
+    KL-to-reference term: DAPO drops it, and the trainer keeps no reference policy.
 
-    DAPO uses ``entropy_coeff = kl_coef = 0``, so the total is the policy loss. Extra inputs, all
+    DAPO uses ``entropy_coeff = 0``, so the total is the policy loss. Extra inputs, all
     ``[batch, response_len]``:
 
     * ``entropy``: per-token policy entropy (differentiable); required when ``entropy_coeff != 0``,
       otherwise only logged as ``entropy``.
-    * ``ref_log_prob``: reference-policy log-probs; required when ``kl_coef != 0``.
     * ``rollout_log_prob``: the rollout engine's log-probs; when given, mismatch metrics are always
       logged and, if ``config.tis_cap`` is set, truncated IS weights multiply the policy loss.
 
     Returns ``(loss, metrics)`` with the :func:`compute_policy_loss` metrics plus ``pg_loss`` and,
-    when their inputs are given, ``entropy``, ``kl_loss``, ``tis_weight_mean`` and the
-    rollout-mismatch metrics. ``pg_loss``, ``entropy`` and ``kl_loss`` use the loss normalisers, so
+    when their inputs are given, ``entropy``, ``tis_weight_mean`` and the
+    rollout-mismatch metrics. ``pg_loss`` and ``entropy`` use the loss normalisers, so
     with global normalisers they add up over micro-batches and ranks like the loss itself; the other
     metrics are local means over this call's valid tokens.
     """
-    use_kl = config.kl_coef != 0.0
     if config.entropy_coeff != 0.0 and entropy is None:
         raise ValueError("algo.entropy_coeff != 0 needs the per-token entropy; pass entropy=...")
-    if use_kl and ref_log_prob is None:
-        raise ValueError("algo.kl_coef != 0 needs reference-policy log-probs; pass ref_log_prob=...")
     # One host sync for the extra inputs; compute_policy_loss checks its own inputs.
-    check_finite(rollout_log_prob=rollout_log_prob, ref_log_prob=ref_log_prob if use_kl else None)
+    check_finite(rollout_log_prob=rollout_log_prob)
 
     metrics: dict[str, Tensor] = {}
     is_weights = None
@@ -291,9 +265,4 @@ def compute_actor_loss(
         metrics["entropy"] = entropy_loss.detach()
         if config.entropy_coeff != 0.0:
             loss = loss - config.entropy_coeff * entropy_loss
-
-    if use_kl:
-        kl_loss = agg(kl_penalty(log_prob, ref_log_prob, config.kl_estimator))
-        metrics["kl_loss"] = kl_loss.detach()
-        loss = loss + config.kl_coef * kl_loss
     return loss, metrics

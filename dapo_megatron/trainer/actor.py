@@ -85,11 +85,11 @@ def dapo_loss_fn(algo: AlgoConfig, layout: ParallelLayout, *, vocab_size: int, t
 def reduce_reports(reports: list[dict[str, Any]], layout: ParallelLayout) -> dict[str, float]:
     """Batch-level metrics on every rank. Collective over the world.
 
-    Sums (`pg_loss`, `entropy`, `kl_loss`, `loss_sum`) become means over all units of the batch; local
-    means (clip fractions, KL estimates) are weighted by their micro-batch's units. Only the loss rank of
-    each replica (last stage, TP rank 0) contributes, so nothing is counted twice.
+    Sums (`pg_loss`, `entropy`, `loss_sum`) become means over all units of the batch; local
+    means (clip fractions, the PPO KL estimate) are weighted by their micro-batch's units. Only the loss rank
+    of each replica (last stage, TP rank 0) contributes, so nothing is counted twice.
     """
-    summed = {"pg_loss", "entropy", "kl_loss", "loss_sum"}
+    summed = {"pg_loss", "entropy", "loss_sum"}
     names = sorted({name for report in reports for name in report if name != "units"})
     names = _same_on_all_ranks(names)
     totals = torch.zeros(len(names) + 1, dtype=torch.float64)

@@ -12,7 +12,6 @@ from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.loss import (
     compute_actor_loss,
     compute_policy_loss,
-    kl_penalty,
     rollout_mismatch_metrics,
     truncated_is_weights,
 )
@@ -275,19 +274,7 @@ def test_masking_and_padding_properties(
     torch.testing.assert_close(padded, loss.detach())
 
 
-# ---------------------------------------------------------------- KL, entropy, TIS, actor loss
-
-
-def test_kl_estimators_hand_values() -> None:
-    log_prob = torch.zeros(1, 1)
-    ref = torch.full((1, 1), math.log(0.5))  # d = log_prob - ref = ln 2
-    ln2 = math.log(2.0)
-    assert kl_penalty(log_prob, ref, "k1").item() == pytest.approx(ln2)
-    assert kl_penalty(log_prob, ref, "k2").item() == pytest.approx(0.5 * ln2**2)
-    assert kl_penalty(log_prob, ref, "k3").item() == pytest.approx(0.5 + ln2 - 1.0)  # e^-d + d - 1
-    assert kl_penalty(ref, ref, "k3").item() == 0.0
-    with pytest.raises(ValueError, match="k1, k2, k3"):
-        kl_penalty(log_prob, ref, "k4")
+# ---------------------------------------------------------------- entropy, TIS, actor loss
 
 
 def test_truncated_is_weights_and_mismatch_metrics() -> None:
@@ -322,7 +309,6 @@ def test_actor_loss_defaults_equal_policy_loss() -> None:
     torch.testing.assert_close(loss, pg_loss)
     mask = inputs["response_mask"].double()
     torch.testing.assert_close(metrics["entropy"], (entropy * mask).sum() / mask.sum())
-    assert "kl_loss" not in metrics
 
 
 def test_actor_loss_entropy_bonus_and_its_gradient() -> None:
@@ -339,42 +325,12 @@ def test_actor_loss_entropy_bonus_and_its_gradient() -> None:
         compute_actor_loss(**_actor_inputs(6), config=config)
 
 
-def test_actor_loss_kl_term_and_its_gradient() -> None:
-    inputs = _actor_inputs(7)
-    ref = inputs["log_prob"].detach() + 0.1
-    config = AlgoConfig(kl_coef=0.5, kl_estimator="k3")
-    loss, metrics = compute_actor_loss(**inputs, config=config, ref_log_prob=ref)
-    mask = inputs["response_mask"].double()
-    # d = -0.1 everywhere: k3 = e^0.1 - 0.1 - 1
-    k3 = math.exp(0.1) - 1.1
-    assert metrics["kl_loss"].item() == pytest.approx(k3)
-    pg_loss, _ = compute_policy_loss(**{k: (v.detach() if k == "log_prob" else v) for k, v in inputs.items()})
-    assert loss.item() == pytest.approx(pg_loss.item() + 0.5 * k3)
-
-    # Gradient of the KL term alone: d k3 / d log_prob = 1 - exp(ref - log_prob) = 1 - e^0.1.
-    kl_input = inputs["log_prob"].detach().clone().requires_grad_()
-    kl_only, _ = compute_actor_loss(
-        kl_input,
-        kl_input.detach(),
-        torch.zeros(3, dtype=torch.float64),
-        inputs["response_mask"],
-        config,
-        ref_log_prob=ref,
-    )
-    kl_only.backward()
-    torch.testing.assert_close(kl_input.grad, 0.5 * (1 - math.exp(0.1)) * mask / mask.sum())
-    with pytest.raises(ValueError, match="kl_coef"):
-        compute_actor_loss(**_actor_inputs(7), config=config)
-
-
 def test_actor_loss_rejects_non_finite_extra_inputs() -> None:
     inputs = _actor_inputs(9)
     bad = inputs["old_log_prob"].clone()
     bad[1, 2] = math.nan
     with pytest.raises(ValueError, match=r"^rollout_log_prob contains non-finite"):
         compute_actor_loss(**inputs, config=AlgoConfig(), rollout_log_prob=bad)
-    with pytest.raises(ValueError, match=r"^ref_log_prob contains non-finite"):
-        compute_actor_loss(**inputs, config=AlgoConfig(kl_coef=0.1), ref_log_prob=bad)
 
 
 def test_actor_loss_applies_tis_only_when_enabled() -> None:
@@ -406,7 +362,7 @@ def test_config_defaults_are_dapo() -> None:
         1.0,
     )
     assert not config.overlong_filter
-    assert (config.entropy_coeff, config.kl_coef, config.tis_cap) == (0.0, 0.0, None)
+    assert (config.entropy_coeff, config.tis_cap) == (0.0, None)
 
 
 @pytest.mark.parametrize(
@@ -427,8 +383,6 @@ def test_config_defaults_are_dapo() -> None:
         ({"overlong_buffer_length": 0}, r"algo\.overlong_buffer_length"),
         ({"overlong_penalty_factor": -1.0}, r"algo\.overlong_penalty_factor"),
         ({"entropy_coeff": math.inf}, r"algo\.entropy_coeff"),
-        ({"kl_coef": -0.1}, r"algo\.kl_coef"),
-        ({"kl_estimator": "low_var"}, r"algo\.kl_estimator must be one of k1, k2, k3"),
         ({"tis_cap": 0.0}, r"algo\.tis_cap"),
         ({"log_ratio_clamp": 0.0}, r"algo\.log_ratio_clamp"),
         ({"logprob_chunk_size": 0}, r"algo\.logprob_chunk_size"),

@@ -102,7 +102,6 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
             1,
             "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1",
         ),
-        (["algo.kl_coef=0.01"], 1, "no reference policy yet"),
         (["rollout.max_response_length=600"], 1, "exceeds model.max_position_embeddings=512"),
         (
             ["model.num_attention_heads=6", "model.num_query_groups=4"],
