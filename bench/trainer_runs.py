@@ -59,8 +59,8 @@ def ensure_base(
         check=True,
         cwd=REPO,
         timeout=timeout,
-        env=bench_env(os.cpu_count() or 1),
-    )  # no engine beside the warm-up: every core
+        env=bench_env(os.cpu_count() or 1),  # no engine beside the warm-up: every core
+    )
     return base
 
 

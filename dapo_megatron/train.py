@@ -80,14 +80,13 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
     (`trainer.setup.Session`).
 
     A prompt's way to the loss, one owner per stage (the records it becomes: `records.py`):
-        rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, dynamic
-                                                       sampling
+        rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, filter
         rollouts.training_batch     trainer/batch.py       shaped rewards, GRPO advantages, token rows
         split_rows                  trainer/batch.py       this data-parallel rank's share, per optimizer step
         update_policy -> Actor.train_step                  trainer/actor.py: one optimizer step
             -> run_schedule         trainer/forward.py     megatron-core's forward/backward over micro-batches
             -> dapo_loss_fn         trainer/actor.py       log-probs of the vocab-parallel logits
-            -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy, KL), summed
+            -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy), summed
         fleet.sync_weights          rollout/fleet.py       the new weights into every engine, checked
     """
     from dapo_megatron.trainer.setup import Session
@@ -117,29 +116,23 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             if layout.is_logging_rank:
                 metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
         ahead = job.trainer.overlap_rollout
-        multiple = job_sequence_multiple(
-            job.parallel, job.model.fp8
-        )  # token budgets count the model's padding
+        # Token budgets count the padding the model computes (sequence parallelism, FP8).
+        multiple = job_sequence_multiple(job.parallel, job.model.fp8)
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
             groups, rollout_metrics = rollouts.collect()  # driving rank only
             rows, batch_metrics = rollouts.training_batch(groups, step)  # rewards, advantages
             if ahead and step < job.trainer.total_steps:
-                rollouts.generate_ahead(
-                    session.threads
-                )  # the next batch, sampled by the weights before this update
+                # The next batch, sampled by the weights before this update.
+                rollouts.generate_ahead(session.threads)
             fleet.release_memory()  # GPU: engine steps aside
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
+            # CPU: the trainer also takes the cores the engine frees.
             train_metrics = update_policy(
-                policy.actor,
-                share,
-                off_policy=ahead,  # CPU: + the cores the engine frees
-                before_each_step=session.threads.take_idle_cores,
+                policy.actor, share, off_policy=ahead, before_each_step=session.threads.take_idle_cores
             )
-            wait_seconds = rollouts.wait_for_ahead(
-                session.threads
-            )  # the engine takes no weights mid-generation
+            wait_seconds = rollouts.wait_for_ahead(session.threads)  # no weights enter mid-generation
             sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
             step_metrics = {
                 **rollout_metrics,

@@ -199,9 +199,8 @@ def _buffer_layout(
     def close_bucket(bucket_end: int) -> int:
         nonlocal bucket_start, in_bucket
         if distributed_optimizer:
-            bucket_end = padded_length(
-                bucket_end, math.lcm(dp, 128)
-            )  # every DP rank owns an equal slice of each bucket
+            # Every DP rank owns an equal slice of each bucket.
+            bucket_end = padded_length(bucket_end, math.lcm(dp, 128))
         buckets.append((bucket_start, bucket_end))
         bucket_start, in_bucket = bucket_end, 0
         return bucket_end

@@ -304,8 +304,8 @@ class SGLangEngine:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self._environment(),
-                start_new_session=True,
-            )  # own group: killpg reaches all
+                start_new_session=True,  # its own process group: killpg reaches every process
+            )
         _LIVE_ENGINES.add(self)
         return self
 
