@@ -13,7 +13,7 @@ import torch
 
 from dapo_megatron.algo.advantages import compute_grpo_advantages
 from dapo_megatron.algo.config import AlgoConfig
-from dapo_megatron.algo.reward_shaping import overlong_penalty
+from dapo_megatron.algo.reward_shaping import overlong_filter_mask, overlong_penalty
 from dapo_megatron.records import PolicyRows, RankShare, ScoredGroup
 from dapo_megatron.trainer.config import TrainerConfig
 from dapo_megatron.trainer.packing import fixed_size_plan, token_budget_plan
@@ -73,9 +73,10 @@ def build_rows(
         tokens[row, : prompt + output] = torch.tensor(sample.prompt_ids + sample.output_ids)
         # Label position t scores token t + 1: the response occupies label positions prompt-1 ..
         # prompt+output-2.
-        truncated = algo.overlong_filter and sample.finish_reason == "length"
-        mask[row, prompt - 1 : prompt - 1 + output] = 0.0 if truncated else 1.0
+        mask[row, prompt - 1 : prompt - 1 + output] = 1.0
         rollout_log_prob[row, prompt - 1 : prompt - 1 + output] = torch.tensor(sample.rollout_log_probs)
+    if algo.overlong_filter:
+        mask = overlong_filter_mask([s.finish_reason for s in samples], mask)
     lengths = torch.tensor([len(s.output_ids) for s in samples], dtype=torch.float32)
     metrics = {
         "rollout/score": float(torch.tensor([s.score for s in samples]).mean()),

@@ -13,7 +13,7 @@ from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.models.sequence_padding import padded_length
 from dapo_megatron.records import PolicyRows, ScoredGroup, ScoredSample
 from dapo_megatron.trainer.actor import dapo_loss_fn, micro_batch_sizes
-from dapo_megatron.trainer.batch import policy_lag, split_rows
+from dapo_megatron.trainer.batch import build_rows, policy_lag, split_rows
 from dapo_megatron.trainer.config import TrainerConfig
 
 
@@ -157,3 +157,28 @@ def test_policy_lag_counts_updates_since_the_sampling_weights() -> None:
     }
     # Versions not set by this trainer's pushes (an engine that reports none) give no metric, not a wrong one.
     assert policy_lag([lagged_group("a", ["step-5", "None"])], 5) == {}
+
+
+@pytest.mark.parametrize("overlong_filter", [False, True])
+def test_build_rows_lays_out_rewards_advantages_and_the_overlong_filter(overlong_filter: bool) -> None:
+    """Hand-computed: max response 4 tokens, a 2-token overlong buffer, so a 3-token response loses 0.5 and a
+    4-token (truncated) one 1.0; GRPO normalises within each group."""
+    algo = AlgoConfig(overlong_buffer_length=2, overlong_filter=overlong_filter)
+    right = ScoredSample([5, 6], [7, 8], [-0.1, -0.2], "stop", 1.0, True)
+    wordy = ScoredSample([5, 6], [7, 8, 9], [-0.3, -0.4, -0.5], "stop", 1.0, True)
+    cut = ScoredSample([5], [7, 8, 9, 9], [-0.6, -0.7, -0.8, -0.9], "length", -1.0, False)
+    rows, metrics = build_rows(
+        [ScoredGroup("a", [right, wordy]), ScoredGroup("b", [cut, right])],
+        algo,
+        max_response_length=4,
+        pad_token_id=0,
+    )
+    assert rows.tokens.tolist() == [[5, 6, 7, 8, 0], [5, 6, 7, 8, 9], [5, 7, 8, 9, 9], [5, 6, 7, 8, 0]]
+    # Shaped rewards 1, 0.5 | -2, 1: each group's two rewards normalised by their std (sqrt(2)/2 x gap).
+    half = 1 / 2**0.5
+    torch.testing.assert_close(rows.advantages, torch.tensor([half, -half, -half, half]), atol=1e-4, rtol=0)
+    cut_row = [0.0, 0.0, 0.0, 0.0] if overlong_filter else [1.0, 1.0, 1.0, 1.0]
+    assert rows.response_mask.tolist() == [[0, 1, 1, 0], [0, 1, 1, 1], cut_row, [0, 1, 1, 0]]
+    torch.testing.assert_close(rows.rollout_log_prob[2], torch.tensor([-0.6, -0.7, -0.8, -0.9]))
+    torch.testing.assert_close(rows.rollout_log_prob[1], torch.tensor([0.0, -0.3, -0.4, -0.5]))
+    assert metrics["rollout/overlong_ratio"] == 0.25 and metrics["rollout/reward"] == pytest.approx(0.125)
