@@ -124,8 +124,16 @@ def plan_rank(
     micro-batches within the budget, the same number on every rank, tokens balanced across ranks. The
     budget counts the tokens the model computes: each micro-batch's length padded to `multiple`
     (`models/sequence_padding.job_sequence_multiple` of the job; 1: no padding).
+
+    A batch that dynamic sampling could not fill (trainer.on_unfilled_batch=train) may hold too few rows for
+    trainer.optimizer_steps steps on every rank: it takes as many steps as give every rank a row in each.
     """
-    steps = trainer.optimizer_steps
+    if len(widths) < parts:
+        raise ValueError(
+            f"{len(widths)} sequences cannot give each of {parts} data-parallel ranks one: the batch is too "
+            "small to train (an unfilled batch under trainer.on_unfilled_batch=train?)"
+        )
+    steps = min(trainer.optimizer_steps, len(widths) // parts)
     ranks = [range(len(widths))[near_equal_slice(len(widths), parts, rank)] for rank in range(parts)]
     plan = []
     for step in range(steps):

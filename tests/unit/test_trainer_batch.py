@@ -182,3 +182,19 @@ def test_build_rows_lays_out_rewards_advantages_and_the_overlong_filter(overlong
     torch.testing.assert_close(rows.rollout_log_prob[2], torch.tensor([-0.6, -0.7, -0.8, -0.9]))
     torch.testing.assert_close(rows.rollout_log_prob[1], torch.tensor([0.0, -0.3, -0.4, -0.5]))
     assert metrics["rollout/overlong_ratio"] == 0.25 and metrics["rollout/reward"] == pytest.approx(0.125)
+
+
+def test_an_unfilled_batch_trains_in_as_many_steps_as_give_every_rank_a_row() -> None:
+    # 4 optimizer steps per rollout step but 3 rows (a small group kept under on_unfilled_batch=train).
+    rows = PolicyRows(
+        tokens=torch.ones(3, 5, dtype=torch.long), response_mask=torch.ones(3, 4), advantages=torch.ones(3)
+    )
+    for budget, two_ranks in ((None, [[[1]], [[2]]]), (100, [[[2]], [[1]]])):
+        config = TrainerConfig(
+            train_batch_size=4, ppo_mini_batch_size=1, micro_batch_size=2, max_tokens_per_micro_batch=budget
+        )
+        assert split_rows(rows, 1, 0, config).micro_batch_sizes == [[1], [1], [1]]
+        # Two ranks: one step, every row trained once (a budget packs the longer share's rows together).
+        assert [split_rows(rows, 2, rank, config).micro_batch_sizes for rank in range(2)] == two_ranks
+        with pytest.raises(ValueError, match="3 sequences cannot give each of 4 data-parallel ranks one"):
+            split_rows(rows, 4, 0, config)

@@ -18,7 +18,7 @@ from dapo_megatron.records import Prompt, Sample
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager
+from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager, UnfilledBatchError
 from dapo_megatron.trainer.config import TrainerConfig
 
 N = 4  # samples per prompt
@@ -190,3 +190,27 @@ def test_without_dynamic_sampling_every_group_trains_and_the_informative_share_i
     assert sorted(int(group.key) for group in groups) == list(range(10))  # all-correct prompts 4 and 9 too
     assert metrics["dynamic_sampling/keep_ratio"] == pytest.approx(8 / 10)
     assert metrics["dynamic_sampling/drop_all_correct"] == 2  # judged, not dropped: the metric's name stays
+
+
+def test_a_batch_dynamic_sampling_cannot_fill_stops_or_trains_as_configured(pool: RewardPool) -> None:
+    """One generation round of 8 prompts, of which only prompt 3 is informative (the rest all correct): a
+    batch of 4 groups cannot fill. By default that stops the job naming the fix; with
+    on_unfilled_batch=train the one informative group trains; with nothing informative it stops either way."""
+
+    def one_informative(number: int) -> tuple[float, list[bool]]:
+        return 1.0, [True, False, True, False] if number == 3 else [True] * N
+
+    def none_informative(number: int) -> tuple[float, list[bool]]:
+        return 1.0, [False] * N
+
+    settings = {"max_gen_rounds": 1, "dynamic_sampling_mode": "batch_sync"}
+    with pytest.raises(
+        UnfilledBatchError, match=r"1 of 4 informative groups .* trainer.on_unfilled_batch=train"
+    ):
+        manager(ScriptedEngine(4, one_informative), pool, **settings).collect()
+    groups, metrics = manager(
+        ScriptedEngine(4, one_informative), pool, on_unfilled_batch="train", **settings
+    ).collect()
+    assert [group.key for group in groups] == ["3"] and metrics["dynamic_sampling/gen_rounds"] == 1.0
+    with pytest.raises(UnfilledBatchError, match="0 of 4 informative groups"):
+        manager(ScriptedEngine(4, none_informative), pool, on_unfilled_batch="train", **settings).collect()
