@@ -116,12 +116,12 @@ class TrainerConfig:
     micro_batch_size: int = 64
     """Sequences per forward/backward micro-batch on one data-parallel rank (without a token budget)."""
     max_tokens_per_micro_batch: int | None = None
-    """Token budget of a micro-batch (rows x its longest row, in label positions; before FP8's alignment
-    padding). Set: each optimizer step's rows are sorted by length and packed into micro-batches within
-    the budget, the same number on every data-parallel rank and tokens balanced across ranks
-    (trainer/packing.py); micro_batch_size then only sizes the weight-sync check's forward pass. None or
-    0: micro_batch_size rows per micro-batch in batch order. Must hold the longest row,
-    rollout.max_prompt_length + rollout.max_response_length."""
+    """Token budget of a micro-batch: rows x its longest row, in label positions, after the padding the model
+    computes (sequence parallelism, FP8 alignment: `models/sequence_padding.py`). Set: each optimizer step's
+    rows are sorted by length and packed into micro-batches within the budget, the same number on every
+    data-parallel rank and tokens balanced across ranks (trainer/packing.py); micro_batch_size then only
+    sizes the weight-sync check's forward pass. None or 0: micro_batch_size rows per micro-batch in batch
+    order. Must hold the longest row, rollout.max_prompt_length + rollout.max_response_length, padded."""
 
     dynamic_sampling: bool = True
     """Drop groups whose samples are all right or all wrong and keep generating until the batch is full."""
