@@ -25,6 +25,14 @@ def test_paper_recipes_warm_up_over_20_rollout_steps_and_decay_every_parameter(e
     assert job.optim.weight_decay == 0.1 and job.optim.decay_all_parameters
 
 
+def test_the_root_config_trains_with_the_papers_optimizer_and_the_demo_with_its_own() -> None:
+    """A recipe that picks no optimizer (`model=qwen2.5-7b` alone) must not train at the tiny demo's rate."""
+    root = to_job_config(compose(["model=qwen2.5-7b"])).optim
+    assert (root.lr, root.weight_decay, root.lr_warmup_rollout_steps) == (1e-6, 0.1, 20)
+    demo = to_job_config(compose(["experiment=demo"])).optim
+    assert (demo.lr, demo.weight_decay, demo.lr_warmup_rollout_steps) == (3e-4, 0.0, 0)
+
+
 def test_the_old_warmup_field_names_the_new_one() -> None:
     with pytest.raises(ConfigError, match=r"set optim\.lr_warmup_rollout_steps"):
         to_job_config(compose(["optim.lr_warmup_steps=20"]))
