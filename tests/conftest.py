@@ -20,7 +20,32 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+DATA_DIRS_ENV = "DAPO_TEST_DATA_DIRS"
+
+
+def data_dirs() -> list[Path]:
+    """Where tests look for the real data samples, in order: `data/`, where tools/prepare_data.py's usage puts
+    them, then `../shared/data` beside the clone. DAPO_TEST_DATA_DIRS (paths joined by os.pathsep; empty:
+    none) replaces both."""
+    listed = os.environ.get(DATA_DIRS_ENV)
+    if listed is None:
+        return [REPO / "data", REPO.parent / "shared" / "data"]
+    return [Path(entry) for entry in listed.split(os.pathsep) if entry]
+
+
+def real_data(*names: str) -> Path:
+    """The first of the files `names` found in data_dirs() (directories first, then names); the calling test
+    is skipped, saying where it looked and how to get the files, when none is there."""
+    folders = data_dirs()
+    for folder in folders:
+        for name in names:
+            if (folder / name).is_file():
+                return folder / name
+    pytest.skip(
+        f"needs the real data file {' or '.join(names)} in {', '.join(map(str, folders)) or 'no directory'} "
+        f"(`python tools/prepare_data.py --output-dir data` writes the public data sets; {DATA_DIRS_ENV} "
+        "names other directories)"
+    )
 
 
 def free_port() -> int:
@@ -122,7 +147,9 @@ def torchrun(
 
     `nodes` > 1 starts one torchrun per node on this machine (`--nnodes`, `--node-rank`, static rendezvous, as
     slurm/launch.sh does): the ranks see different node indices, so the paths between nodes run."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    # The checkout under test, whatever checkout the environment's editable install points at.
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=pythonpath)
     port = free_port()
     launchers = []
     for node in range(nodes):

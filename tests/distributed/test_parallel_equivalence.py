@@ -20,6 +20,15 @@ WORKER = Path(__file__).with_name("equivalence_worker.py")
 pytestmark = pytest.mark.distributed
 
 
+def run_worker(workdir: Path, out: Path, *flags: str, layout: tuple[int, int, int] = (1, 1, 1)) -> dict:
+    """The equivalence worker at `layout` (tp, pp, processes), writing its result to `out`."""
+    tp, pp, nproc = layout
+    torchrun(
+        WORKER, nproc, *flags, "--tp", str(tp), "--pp", str(pp), "--dir", str(workdir), "--out", str(out)
+    )
+    return torch.load(out)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("equivalence")
@@ -30,18 +39,14 @@ def reference(workdir: Path) -> dict[str, dict]:
     """Weights, batches and whole-batch autograd gradients for both objectives, from one process each."""
     out = {}
     for objective in ("ce", "dapo"):
-        torchrun(
-            WORKER,
-            1,
+        run_worker(
+            workdir,
+            workdir / f"{objective}_tp1.pt",
             "--objective",
             objective,
             "--micro-batches",
             "1",
-            "--dir",
-            str(workdir),
             "--reference",
-            "--out",
-            str(workdir / f"{objective}_tp1.pt"),
         )
         out[objective] = torch.load(workdir / f"{objective}_formula.pt")
     return out
@@ -73,24 +78,13 @@ def test_layout_gives_the_whole_batch_gradient(
     reference: dict, workdir: Path, objective: str, layout: str
 ) -> None:
     tp, pp, nproc, micro = LAYOUTS[layout]
-    out = workdir / f"{objective}_{layout}.pt"
-    torchrun(
-        WORKER,
-        nproc,
-        "--objective",
-        objective,
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--micro-batches",
-        str(micro),
-        "--dir",
-        str(workdir),
-        "--out",
-        str(out),
+    result = run_worker(
+        workdir,
+        workdir / f"{objective}_{layout}.pt",
+        *("--objective", objective, "--micro-batches", str(micro)),
+        layout=(tp, pp, nproc),
     )
-    assert_same_gradients(torch.load(out), reference[objective]["formula"])
+    assert_same_gradients(result, reference[objective]["formula"])
 
 
 @pytest.mark.parametrize("layout", ["tp2", "tp2xpp2"])
@@ -101,25 +95,12 @@ def test_sequence_parallel_gives_the_whole_batch_gradient(
     # padded to an even length. With PP, sequence-split activations of both widths pass between the stages.
     # The norms' weight gradients are partial sums per TP rank that finalize_model_grads must add up.
     tp, pp, nproc, micro = LAYOUTS[layout]
-    out = workdir / f"sequence_parallel_{layout}.pt"
-    torchrun(
-        WORKER,
-        nproc,
-        "--objective",
-        "dapo",
-        "--sequence-parallel",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--micro-batches",
-        str(micro),
-        "--dir",
-        str(workdir),
-        "--out",
-        str(out),
+    result = run_worker(
+        workdir,
+        workdir / f"sequence_parallel_{layout}.pt",
+        *("--objective", "dapo", "--sequence-parallel", "--micro-batches", str(micro)),
+        layout=(tp, pp, nproc),
     )
-    result = torch.load(out)
     assert micro_batch_widths(workdir, micro) == [13, 11]
     assert result["model_widths"] == [14, 12]
     assert_same_gradients(result, reference["dapo"]["formula"])
@@ -142,27 +123,12 @@ TOKEN_BUDGET, BUDGET_LAYOUT = 30, (1, 2, 4)  # tp, pp, processes
 
 
 def test_token_budget_micro_batches_give_the_whole_batch_gradient(reference: dict, workdir: Path) -> None:
-    tp, pp, nproc = BUDGET_LAYOUT
-    out = workdir / "budget_dp2xpp2.pt"
-    torchrun(
-        WORKER,
-        nproc,
-        "--objective",
-        "dapo",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--micro-batches",
-        "1",
-        "--max-tokens",
-        str(TOKEN_BUDGET),
-        "--dir",
-        str(workdir),
-        "--out",
-        str(out),
+    result = run_worker(
+        workdir,
+        workdir / "budget_dp2xpp2.pt",
+        *("--objective", "dapo", "--micro-batches", "1", "--max-tokens", str(TOKEN_BUDGET)),
+        layout=BUDGET_LAYOUT,
     )
-    result = torch.load(out)
     assert_same_gradients(result, reference["dapo"]["formula"])
     assert result["log_prob_gap"] < 1e-5
 
@@ -187,26 +153,13 @@ def test_token_budget_plan_is_uneven(reference: dict, workdir: Path) -> None:
 @pytest.mark.parametrize("layout", ["mb4", "dp2"])
 def test_sequence_mean_ablation_is_exact_too(reference: dict, workdir: Path, layout: str) -> None:
     tp, pp, nproc, micro = LAYOUTS[layout]
-    out = workdir / f"seq_mean_{layout}.pt"
-    torchrun(
-        WORKER,
-        nproc,
-        "--objective",
-        "dapo",
-        "--loss-agg-mode",
-        "seq-mean-token-mean",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--micro-batches",
-        str(micro),
-        "--dir",
-        str(workdir),
-        "--out",
-        str(out),
+    result = run_worker(
+        workdir,
+        workdir / f"seq_mean_{layout}.pt",
+        *("--objective", "dapo", "--loss-agg-mode", "seq-mean-token-mean", "--micro-batches", str(micro)),
+        layout=(tp, pp, nproc),
     )
-    assert_same_gradients(torch.load(out), reference["dapo"]["seq-mean-token-mean"])
+    assert_same_gradients(result, reference["dapo"]["seq-mean-token-mean"])
 
 
 def test_full_activation_recompute_gives_the_same_gradient(reference: dict, workdir: Path) -> None:
@@ -214,25 +167,12 @@ def test_full_activation_recompute_gives_the_same_gradient(reference: dict, work
     # across TP ranks and pipeline stages): the loss and gradients must not change.
     layout = "tp2xpp2"
     tp, pp, nproc, micro = LAYOUTS[layout]
-    out = workdir / f"recompute_{layout}.pt"
-    torchrun(
-        WORKER,
-        nproc,
-        "--objective",
-        "dapo",
-        "--recompute",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--micro-batches",
-        str(micro),
-        "--dir",
-        str(workdir),
-        "--out",
-        str(out),
+    result = run_worker(
+        workdir,
+        workdir / f"recompute_{layout}.pt",
+        *("--objective", "dapo", "--recompute", "--micro-batches", str(micro)),
+        layout=(tp, pp, nproc),
     )
-    result = torch.load(out)
     assert result["layer_forward_calls"] == 2 * micro, "the layers were not recomputed in backward"
     assert_same_gradients(result, reference["dapo"]["formula"])
 
