@@ -1,4 +1,5 @@
-"""DAPO policy loss (arXiv 2503.14476): decoupled clip, dual clip, optional TIS and an entropy term.
+"""DAPO policy loss (arXiv 2503.14476): decoupled clip, dual clip, optional TIS, decoupled PPO's behaviour
+weight for samples of older weights, and an entropy term.
 
 All per-token tensors are ``[batch, response_len]`` and aligned with ``response_mask`` (1 = token
 produced by the policy and trained on, 0 = padding or masked out). Metrics are detached 0-dim tensors
@@ -174,6 +175,40 @@ def truncated_is_weights(old_log_prob: Tensor, rollout_log_prob: Tensor, *, cap:
         return torch.exp((old_log_prob - rollout_log_prob).clamp(max=math.log(cap)))
 
 
+def lag_is_weights(
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    lag: Tensor,
+    response_mask: Tensor,
+    *,
+    cap: float,
+    base: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Decoupled PPO's behaviour weights: ``min(exp(old_log_prob − rollout_log_prob), cap)`` on the rows
+    sampled by older weights (``lag > 0``), ``base`` (or exactly 1) on the others.
+
+    ``old_log_prob`` is π_prox, the current policy before the update; ``rollout_log_prob`` is π_behav, the
+    engine's log-probs of the weights that sampled the row; ``lag``: ``[batch]`` updates between the two.
+    Returns the detached weights ``[batch, response_len]`` and metrics over the lagged valid tokens:
+    ``lag_is_weight_mean``, ``lag_is_weight_max``, ``lag_is_truncated_frac`` (the cap fired) and
+    ``lagged_tokens`` (their count; the means are 0 without any).
+    """
+    with torch.no_grad():
+        lagged = (lag > 0).unsqueeze(-1).expand_as(old_log_prob)
+        capped = truncated_is_weights(old_log_prob, rollout_log_prob, cap=cap)
+        weights = torch.where(lagged, capped, 1.0 if base is None else base)
+        counted = lagged & response_mask.bool()
+        metrics = {
+            "lag_is_weight_mean": masked_mean(capped, counted),
+            "lag_is_weight_max": torch.where(counted, capped, 0.0).amax(),
+            "lag_is_truncated_frac": masked_mean(
+                (old_log_prob - rollout_log_prob > math.log(cap)).float(), counted
+            ),
+            "lagged_tokens": counted.sum().float(),
+        }
+    return weights, metrics
+
+
 def rollout_mismatch_metrics(
     old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
 ) -> dict[str, Tensor]:
@@ -200,6 +235,7 @@ def compute_actor_loss(
     *,
     entropy: Tensor | None = None,
     rollout_log_prob: Tensor | None = None,
+    lag: Tensor | None = None,
     num_tokens: Normaliser | None = None,
     num_sequences: Normaliser | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -213,10 +249,15 @@ def compute_actor_loss(
       otherwise only logged as ``entropy``.
     * ``rollout_log_prob``: the rollout engine's log-probs; when given, mismatch metrics are always
       logged and, if ``config.tis_cap`` is set, truncated IS weights multiply the policy loss.
+    * ``lag`` (``[batch]``): updates between the weights that sampled each row and the current ones. With
+      ``rollout_log_prob`` and ``config.lag_is_cap`` set, the rows with ``lag > 0`` get decoupled PPO's
+      behaviour weights (:func:`lag_is_weights`, replacing TIS there): ``old_log_prob`` must then be the
+      current policy's (π_prox). Rows with ``lag == 0`` keep exactly the loss and gradient they have
+      without it.
 
     Returns ``(loss, metrics)`` with the :func:`compute_policy_loss` metrics plus ``pg_loss`` and,
-    when their inputs are given, ``entropy``, ``tis_weight_mean`` and the
-    rollout-mismatch metrics. ``pg_loss`` and ``entropy`` use the loss normalisers, so
+    when their inputs are given, ``entropy``, ``tis_weight_mean``, the :func:`lag_is_weights` metrics
+    and the rollout-mismatch metrics. ``pg_loss`` and ``entropy`` use the loss normalisers, so
     with global normalisers they add up over micro-batches and ranks like the loss itself; the other
     metrics are local means over this call's valid tokens.
     """
@@ -232,6 +273,11 @@ def compute_actor_loss(
         if config.tis_cap is not None:
             is_weights = truncated_is_weights(old_log_prob, rollout_log_prob, cap=config.tis_cap)
             metrics["tis_weight_mean"] = masked_mean(is_weights, response_mask)
+        if lag is not None and config.lag_is_cap is not None:
+            is_weights, lag_metrics = lag_is_weights(
+                old_log_prob, rollout_log_prob, lag, response_mask, cap=config.lag_is_cap, base=is_weights
+            )
+            metrics.update(lag_metrics)
 
     pg_loss, pg_metrics = compute_policy_loss(
         log_prob,

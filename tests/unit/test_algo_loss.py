@@ -349,6 +349,77 @@ def test_actor_loss_applies_tis_only_when_enabled() -> None:
     assert on_metrics["tis_weight_mean"].item() == pytest.approx(1.2)
 
 
+def _loss_and_grad(inputs: dict[str, torch.Tensor], **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    log_prob = inputs["log_prob"].detach().clone().requires_grad_()
+    loss, _ = compute_actor_loss(**{**inputs, "log_prob": log_prob}, **kwargs)  # type: ignore[arg-type]
+    loss.backward()
+    return loss.detach(), log_prob.grad
+
+
+def test_zero_lag_is_exactly_the_on_policy_loss_and_gradient() -> None:
+    """Engine log-probs far from the trainer's (weights e^1 and e^-1, both sides of the cap) change nothing
+    while no row lags: loss and gradient are bitwise those of compute_policy_loss."""
+    inputs = _actor_inputs(11)
+    rollout = inputs["old_log_prob"] + torch.tensor([[1.0], [-1.0], [0.5]], dtype=torch.float64)
+    expected_loss, _ = compute_policy_loss(**inputs)
+    expected_loss.backward()
+    loss, grad = _loss_and_grad(
+        inputs, config=AlgoConfig(), rollout_log_prob=rollout, lag=torch.zeros(3, dtype=torch.long)
+    )
+    assert torch.equal(loss, expected_loss.detach())
+    assert torch.equal(grad, inputs["log_prob"].grad)
+
+
+def test_lagged_rows_get_the_decoupled_ppo_weight() -> None:
+    """Row 0 is on policy, row 1 lags one update, row 2 two. By hand, per token: the clipped surrogate around
+    π_prox = old_log_prob, times min(π_prox / π_behav, 2) on the lagged rows: row 1's engine log-probs are
+    0.3 below π_prox (weight e^0.3), row 2's 1.0 below (e^1 truncated to 2). Token mean over 10 tokens."""
+    inputs = _actor_inputs(12)
+    rollout = inputs["old_log_prob"] - torch.tensor([[5.0], [0.3], [1.0]], dtype=torch.float64)
+    lag = torch.tensor([0, 1, 2])
+    loss, grad = _loss_and_grad(inputs, config=AlgoConfig(lag_is_cap=2.0), rollout_log_prob=rollout, lag=lag)
+
+    ratio = torch.exp(inputs["log_prob"] - inputs["old_log_prob"])
+    adv = inputs["advantages"].unsqueeze(-1)
+    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
+    surrogate = torch.where(adv < 0, torch.minimum(surrogate, -adv * 10.0), surrogate)
+    weight = torch.tensor([[1.0], [math.exp(0.3)], [2.0]], dtype=torch.float64)
+    mask = inputs["response_mask"].double()
+    expected = (surrogate * weight * mask).sum() / 10.0
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, inputs["log_prob"].grad, rtol=1e-12, atol=0)
+
+    _, metrics = compute_actor_loss(
+        **_actor_inputs(12), config=AlgoConfig(lag_is_cap=2.0), rollout_log_prob=rollout, lag=lag
+    )
+    # Lagged valid tokens: 2 of row 1 (e^0.3), 3 of row 2 (truncated to 2).
+    assert metrics["lagged_tokens"].item() == 5
+    assert metrics["lag_is_weight_mean"].item() == pytest.approx((2 * math.exp(0.3) + 3 * 2.0) / 5)
+    assert metrics["lag_is_weight_max"].item() == pytest.approx(2.0)
+    assert metrics["lag_is_truncated_frac"].item() == pytest.approx(3 / 5)
+
+    # Off: the lagged rows train as on-policy ones.
+    off, _ = _loss_and_grad(
+        _actor_inputs(12), config=AlgoConfig(lag_is_cap=None), rollout_log_prob=rollout, lag=lag
+    )
+    torch.testing.assert_close(off, compute_policy_loss(**_actor_inputs(12))[0].detach())
+
+
+def test_lag_weights_replace_tis_on_lagged_rows_only() -> None:
+    """With TIS on as well, on-policy rows keep the TIS weight (cap 1.1: e^0.3 -> 1.1) and lagged rows take
+    the lag weight (cap 2: e^0.3 stays)."""
+    inputs = _actor_inputs(13)
+    rollout = inputs["old_log_prob"] - 0.3
+    config = AlgoConfig(tis_cap=1.1, lag_is_cap=2.0)
+    both, _ = compute_actor_loss(
+        **inputs, config=config, rollout_log_prob=rollout, lag=torch.tensor([0, 1, 0])
+    )
+    weights = torch.tensor([[1.1], [math.exp(0.3)], [1.1]], dtype=torch.float64).expand(3, 5)
+    expected, _ = compute_policy_loss(**inputs, rollout_is_weights=weights)
+    torch.testing.assert_close(both, expected, rtol=1e-12, atol=0)
+
+
 # ---------------------------------------------------------------- AlgoConfig
 
 
@@ -384,6 +455,7 @@ def test_config_defaults_are_dapo() -> None:
         ({"overlong_penalty_factor": -1.0}, r"algo\.overlong_penalty_factor"),
         ({"entropy_coeff": math.inf}, r"algo\.entropy_coeff"),
         ({"tis_cap": 0.0}, r"algo\.tis_cap"),
+        ({"lag_is_cap": -1.0}, r"algo\.lag_is_cap must be > 0; got -1\.0\. Set algo\.lag_is_cap=null"),
         ({"log_ratio_clamp": 0.0}, r"algo\.log_ratio_clamp"),
         ({"logprob_chunk_size": 0}, r"algo\.logprob_chunk_size"),
     ],
