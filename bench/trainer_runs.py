@@ -78,17 +78,23 @@ def bench_env(threads: int = 1) -> dict[str, str]:
 
 
 def train_run(
-    overrides: Sequence[str], out_dir: Path, *, timeout: float, threads: int = 1, poll_s: float = 0.1
+    overrides: Sequence[str],
+    out_dir: Path,
+    *,
+    timeout: float,
+    threads: int = 1,
+    poll_s: float = 0.1,
+    experiment: str = "demo",
 ) -> list[Record]:
-    """One trainer job (`experiment=demo` + overrides, output in `out_dir`); its metrics records in order.
-    Raises with the end of the job's log when it fails or times out."""
+    """One trainer job (`experiment=<experiment>` + overrides, output in `out_dir`); its metrics records in
+    order. Raises with the end of the job's log when it fails or times out."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path, jsonl = out_dir / "train.log", out_dir / "tensorboard" / "metrics.jsonl"
     command = [
         sys.executable,
         "-m",
         "dapo_megatron.train",
-        "experiment=demo",
+        f"experiment={experiment}",
         f"output_dir={out_dir}",
         "trainer.resume=never",
         *overrides,
