@@ -9,6 +9,8 @@ wrong types are errors), and checks the rules that span components (`validate`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +72,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str = CONFIG_DIR) 
     from hydra import initialize_config_dir
 
     register_configs()
+    _check_override_keys(overrides, Path(config_dir))
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
 
@@ -260,13 +263,57 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     known = {f.name: f.type for f in dataclasses.fields(schema)}
     for key in node:
         if key not in known:
-            raise ConfigError(
-                f"unknown config key {prefix}{key}; valid keys here: {', '.join(sorted(known))}."
-            )
+            raise _unknown_key(f"{prefix}{key}", known)
         child = node[key]
         child_schema = OmegaConf.get_type(node, str(key)) if isinstance(child, DictConfig) else None
         if child_schema is not None and dataclasses.is_dataclass(child_schema):
             _reject_unknown_keys(child, child_schema, prefix=f"{prefix}{key}.")
+
+
+def _unknown_key(path: str, valid: typing.Iterable[str]) -> ConfigError:
+    """One line naming the key and the valid ones nearest to it (all of them if none is near)."""
+    prefix, _, name = path.rpartition(".")
+    valid = sorted(valid)
+    near = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    if near:
+        return ConfigError(f"unknown config key {path}; did you mean {', '.join(_dotted(prefix, near))}?")
+    where = f"under {prefix}" if prefix else "at the top"
+    return ConfigError(f"unknown config key {path}; valid keys {where}: {', '.join(valid)}.")
+
+
+def _dotted(prefix: str, keys: list[str]) -> list[str]:
+    return [f"{prefix}.{key}" if prefix else key for key in keys]
+
+
+def _check_override_keys(overrides: Sequence[str], config_dir: Path) -> None:
+    # Hydra refuses an unknown key too, but with a multi-line message and no suggestion; a typo such as
+    # trainer.totl_steps deserves one line naming trainer.total_steps. Keys added with +/++ are checked
+    # after composing (`_reject_unknown_keys`); config group choices (model=...) are Hydra's to check.
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) or key.split(".")[0] == "hydra":
+            continue
+        if (config_dir / key).is_dir():
+            continue
+        schema: type | None = JobConfig
+        for depth, part in enumerate(key.split(".")):
+            if schema is None:  # below a field that is not a dataclass (a list, a dict): Hydra checks
+                break
+            hints = typing.get_type_hints(schema)
+            if part not in hints:
+                raise _unknown_key(".".join(key.split(".")[: depth + 1]), hints)
+            schema = _dataclass_of(hints[part])
+
+
+def _dataclass_of(hint: object) -> type | None:
+    """The dataclass a field holds (through `X | None`), or None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
 
 
 def _largest_divisor_at_most(value: int, limit: int) -> int:

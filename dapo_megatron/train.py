@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,13 @@ from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.distributed.stop import StopRequest
-from dapo_megatron.metrics import MetricsLogger, format_line
+from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_duration, format_line
 from dapo_megatron.models.sequence_padding import job_sequence_multiple
-from dapo_megatron.records import RankShare
-from dapo_megatron.trainer.actor import Actor
+from dapo_megatron.records import PolicyRows, RankShare
+from dapo_megatron.trainer import startup
+from dapo_megatron.trainer.actor import Actor, combine_steps
 from dapo_megatron.trainer.batch import split_rows
+from dapo_megatron.trainer.evaluate import eval_accuracy
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.launch import ProcessEnv
@@ -35,17 +38,29 @@ scripts `exec` the trainer from a shell that may have spent minutes on set-up fi
 
 def main(argv: list[str] | None = None) -> int:
     from dapo_megatron import preflight
-    from dapo_megatron.cli import CONFIG_ERRORS, USAGE, report_config_error, wants_help
+    from dapo_megatron.cli import (
+        CONFIG_ERRORS,
+        report_config_error,
+        resolved_config,
+        split_cfg_flag,
+        usage,
+        wants_help,
+    )
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.distributed.timeout import collective_timeout
 
     args = sys.argv[1:] if argv is None else argv
     if wants_help(args):
-        print(f"{__doc__}\n{USAGE}", end="")
+        print(f"{__doc__}\n{usage()}", end="")
         return 0
     try:
-        job = job_config.to_job_config(job_config.compose(args))
+        show_config, args = split_cfg_flag(args)
+        cfg = job_config.compose(args)
+        job = job_config.to_job_config(cfg)
+        if show_config:
+            print(resolved_config(cfg), end="")
+            return 0
         if job.dry_run:  # the planned cluster's world size, not this process's; nothing is started
             from dapo_megatron.planning.report import dry_run
 
@@ -91,33 +106,46 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
     """
     from dapo_megatron.trainer.setup import Session
 
+    configure_console(logging_rank=env.rank == 0, level=job.trainer.log_level)
+    resolved = startup.resolved_config(job)
+    if env.rank == 0:
+        startup.save_config(resolved, Path(job.output_dir))
     with (
         Session(job, env, initialize) as session,
         MetricsLogger(
-            Path(job.output_dir) / "tensorboard", enabled=session.layout.is_logging_rank
+            Path(job.output_dir) / "tensorboard",
+            enabled=session.layout.is_logging_rank,
+            loggers=job.trainer.loggers,
+            config=resolved,
+            run_name=job.experiment_name,
+            wandb_project=job.trainer.wandb_project,
         ) as metrics,
     ):
         layout, fleet, policy, rollouts = session.layout, session.fleet, session.policy, session.rollouts
         stop = StopRequest()
-        step = saved = session.start_step
-        startup = {
+        step = saved = first = session.start_step
+        startup_metrics = {
             **session.timings,
             "startup/first_sync_s": fleet.sync_weights(policy.actor, rollouts.client, step),
             "startup/total_s": time.perf_counter() - IMPORTED_AT,
         }
-        metrics.log(startup, step)
-        if layout.is_logging_rank:
-            metrics.print(
-                format_line("start-up", {k.removeprefix("startup/"): v for k, v in startup.items()})
-            )
+        metrics.log(startup_metrics, step)
+        console.info(
+            "start-up: first weight sync %.1fs; ready in %.1fs",
+            startup_metrics["startup/first_sync_s"],
+            startup_metrics["startup/total_s"],
+        )
+        last_eval: tuple[int, float] | None = None
         if job.eval.every and step == 0:
             before = rollouts.evaluate()
             metrics.log(before, step)
-            if layout.is_logging_rank:
-                metrics.print(format_line("before training", {"eval_acc": before["eval/accuracy"]}))
+            last_eval = (step, eval_accuracy(before) or 0.0)
+            console.info(format_line("before training", {"eval_acc": last_eval[1]}))
         ahead = job.trainer.overlap_rollout
         # Token budgets count the padding the model computes (sequence parallelism, FP8).
         multiple = job_sequence_multiple(job.parallel, job.model.fp8)
+        peak_tflops = actor_peak_tflops(job)
+        loop_started = time.perf_counter()
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
@@ -132,25 +160,36 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             train_metrics = update_policy(
                 policy.actor, share, off_policy=ahead, before_each_step=session.threads.take_idle_cores
             )
+            train_metrics.update(
+                actor_perf(job, rows, train_metrics["timing_s/update_actor"], layout.world_size, peak_tflops)
+            )
             wait_seconds = rollouts.wait_for_ahead(session.threads)  # no weights enter mid-generation
             sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
             step_metrics = {
                 **rollout_metrics,
                 **batch_metrics,
                 **train_metrics,
-                "timing_s/sync": sync_seconds,
+                "timing_s/update_weights": sync_seconds,
             }
             if ahead:
                 step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:
-                step_metrics.update(rollouts.evaluate())
+                evaluation = rollouts.evaluate()
+                step_metrics.update(evaluation)
+                last_eval = (step, eval_accuracy(evaluation) or 0.0)
             step_metrics["timing_s/step"] = time.perf_counter() - started
-            step_metrics["throughput/tokens_per_s"] = (
-                batch_metrics["rollout/total_tokens"] / step_metrics["timing_s/step"]
+            # verl's throughput: tokens (prompts and responses) per second and device.
+            step_metrics["perf/throughput"] = batch_metrics["perf/total_num_tokens"] / (
+                step_metrics["timing_s/step"] * layout.world_size
             )
             metrics.log(step_metrics, step)
-            if layout.is_logging_rank:
-                metrics.print(console_line(step, job.trainer.total_steps, step_metrics))
+            now = time.perf_counter()
+            progress = Progress(
+                elapsed=now - IMPORTED_AT,
+                eta=(now - loop_started) / (step - first) * (job.trainer.total_steps - step),
+                last_eval=last_eval,
+            )
+            console.info(console_line(step, job.trainer.total_steps, step_metrics, progress))
             if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
                 session.save(step)
                 saved = step
@@ -158,7 +197,43 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
                 policy.export_hf(step)
         if saved != step:
             session.save(step)
-        metrics.print(f"done at step {step}; checkpoints and logs in {job.output_dir}")
+        console.info("done at step %d; checkpoints and logs in %s", step, job.output_dir)
+
+
+def actor_peak_tflops(job: JobConfig) -> float | None:
+    """One GPU's dense peak for the policy's matmul precision; None on CPU or a GPU `flops` does not know."""
+    import torch
+
+    from dapo_megatron import flops
+
+    if not torch.cuda.is_available():
+        return None
+    return flops.peak_tflops(torch.cuda.get_device_name(), "fp8" if job.model.fp8.enabled else "bf16")
+
+
+def actor_perf(
+    job: JobConfig, rows: PolicyRows, seconds: float, world_size: int, peak_tflops: float | None
+) -> dict[str, float]:
+    """GPU only: `perf/mfu/actor` (the update's model FLOPs over the devices' peak, as verl reports it) and
+    `perf/max_memory_allocated_gb` (the largest of any rank's peak). Collective on GPUs."""
+    import torch
+
+    from dapo_megatron import flops
+
+    if not torch.cuda.is_available():
+        return {}
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    metrics = {"perf/max_memory_allocated_gb": float(peak)}
+    if peak_tflops is not None:
+        lengths = (rows.widths() + 1).tolist()  # label positions + the first token
+        metrics["perf/mfu/actor"] = flops.mfu(
+            flops.training_flops(job.model, lengths),
+            seconds,
+            num_gpus=world_size,
+            peak_tflops_per_gpu=peak_tflops,
+        )
+    return metrics
 
 
 def update_policy(
@@ -172,46 +247,65 @@ def update_policy(
     the later steps are off-policy, so they need the old log-probs: computed once before the first update,
     or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
     no old log-probs are needed, unless the batch was sampled by older weights (`off_policy`: generated
-    ahead), whose log-probs the engine gave."""
-    started = time.perf_counter()
+    ahead; or rows that lag, carried over), whose log-probs the engine gave. Against the trainer's π_old,
+    the rows that lag get decoupled PPO's behaviour weight in the loss (`algo.lag_is_cap`)."""
+    started, old_log_prob_seconds = time.perf_counter(), 0.0
     steps = len(share.micro_batch_sizes)
+    off_policy = off_policy or share.rows.any_lagged
     if (steps > 1 or off_policy) and actor.algo.old_log_prob_source == "rollout":
         # The engine's log-probs become π_old; kept as rollout log-probs too they would report a
         # trainer-engine mismatch of exactly zero, so they are not.
         share.rows.old_log_prob, share.rows.rollout_log_prob = share.rows.rollout_log_prob, None
     elif steps > 1:
         share.rows.old_log_prob = actor.compute_log_probs(share.rows, share.all_micro_batch_sizes)
-    totals: dict[str, float] = {}
+        old_log_prob_seconds = time.perf_counter() - started
+    per_step = []
     for mini, micro in share.mini_batches():
         before_each_step()
-        for name, value in actor.train_step(mini, micro).items():
-            totals[name] = totals.get(name, 0.0) + value / steps
-    metrics = {f"actor/{name}": value for name, value in totals.items()}
-    metrics["timing_s/train"] = time.perf_counter() - started
+        per_step.append(actor.train_step(mini, micro))
+    metrics = {f"actor/{name}": value for name, value in combine_steps(per_step).items()}
+    metrics["timing_s/update_actor"] = time.perf_counter() - started - old_log_prob_seconds
+    if old_log_prob_seconds:
+        metrics["timing_s/old_log_prob"] = old_log_prob_seconds
     return metrics
 
 
-def console_line(step: int, total: int, m: dict[str, float]) -> str:
+@dataclass(frozen=True)
+class Progress:
+    """Where the run stands, for the step line."""
+
+    elapsed: float
+    """Seconds since the trainer started (start-up included)."""
+    eta: float
+    """Seconds the remaining steps take at this run's mean step time so far."""
+    last_eval: tuple[int, float] | None = None
+    """(step, held-out accuracy) of the latest evaluation: shown on every line after it."""
+
+
+def console_line(step: int, total: int, m: Mapping[str, float], progress: Progress) -> str:
     fields: dict[str, Any] = {
-        "score": m["rollout/score"],
+        "score": m["critic/score/mean"],
         "acc": m["rollout/accuracy"],
         "keep": m.get("dynamic_sampling/keep_ratio", 1.0),
         "rounds": int(m.get("dynamic_sampling/gen_rounds", 1)),
-        "resp_len": m["rollout/response_length"],
+        "resp_len": m["response_length/mean"],
         "pg_loss": m["actor/pg_loss"],
         "clipfrac": m["actor/pg_clipfrac"],
         "entropy": m.get("actor/entropy", 0.0),
         "grad_norm": m["actor/grad_norm"],
     }
-    if "eval/accuracy" in m:
-        fields["eval_acc"] = m["eval/accuracy"]
+    if progress.last_eval is not None:
+        eval_step, accuracy = progress.last_eval
+        fields["eval_acc"] = f"{accuracy:.3f}" + ("" if eval_step == step else f" (step {eval_step})")
     # Generated ahead, `gen` overlapped the previous step's update; `wait` is what the loop still waited for
     # it.
     wait = f" wait {m['timing_s/gen_wait']:.1f}" if "timing_s/gen_wait" in m else ""
     fields["t"] = (
-        f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} train {m['timing_s/train']:.1f} "
-        f"sync {m['timing_s/sync']:.1f})"
+        f"{m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f}{wait} "
+        f"train {m['timing_s/update_actor']:.1f} sync {m['timing_s/update_weights']:.1f})"
     )
+    fields["elapsed"] = format_duration(progress.elapsed)
+    fields["eta"] = format_duration(progress.eta)
     return format_line(f"step {step}/{total}", fields)
 
 
