@@ -1,5 +1,6 @@
-"""Prompt data sets: the real files in ../shared/data, format rules, de-duplication, length limits,
-error messages, the resumable shuffled order, and chat-template tokenization."""
+"""Prompt data sets: the real samples where present (tests/conftest.py's real_data), miniatures of each
+published layout everywhere, format rules, de-duplication, length limits, error messages, the resumable
+shuffled order, and chat-template tokenization."""
 
 from __future__ import annotations
 
@@ -31,14 +32,23 @@ from dapo_megatron.data.datasets import (
     tokenize_examples,
 )
 from dapo_megatron.records import PromptExample
-from tests.conftest import SHARED_DATA
+from tests.conftest import real_data
+from tests.sample_files import (
+    PROBLEMS,
+    dapo_rows,
+    flat_aime_rows,
+    gsm8k_rows,
+    qwen_aime_rows,
+    write_jsonl,
+    write_parquet,
+)
 
-AIME_PARQUET = SHARED_DATA / "aime-2024.dapo.parquet"
-AIME_JSONL = SHARED_DATA / "aime2024_30.jsonl"
-AIME_QWEN = SHARED_DATA / "aime24_qwen25math_test.jsonl"
-DAPO_SAMPLE = SHARED_DATA / "dapo_math_17k_sample27.jsonl"
-GSM8K_TEST = SHARED_DATA / "gsm8k_test.jsonl"
-GSM8K_TRAIN = SHARED_DATA / "gsm8k_train_first200.jsonl"
+# The real samples: DAPO's AIME parquet (30 problems x 32 copies) and the smaller files beside it in
+# ../shared/data; tools/prepare_data.py writes de-duplicated AIME and GSM8K copies as data/NAME.jsonl|parquet.
+AIME_RAW = "aime-2024.dapo.parquet"
+AIME_ANY = ("aime_2024.jsonl", "aime_2024.parquet", AIME_RAW)
+GSM8K_TEST = ("gsm8k_test.jsonl", "gsm8k_test.parquet")
+GSM8K_TRAIN = ("gsm8k_train.jsonl", "gsm8k_train.parquet", "gsm8k_train_first200.jsonl")
 
 # dapo-semantics.md section 11 (order-free: that list orders II-13..15 differently from the AIME ids).
 AIME_ANSWERS = Counter(
@@ -89,11 +99,6 @@ TEMPLATE = (
 )
 
 
-def write_jsonl(path: Path, rows: list[object]) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
-
-
 def verl_row(problem: str, answer: object = "1", **extra: object) -> dict[str, object]:
     return {
         "data_source": "math_dapo",
@@ -133,59 +138,45 @@ def chat_tokenizer():
     return tokenizer
 
 
-# --- the real files -----------------------------------------------------------------------------
+# --- the real files (skipped without them) ----------------------------------------------------------
 
 
-def test_aime_parquet_dedups_to_30_problems_with_correct_answers() -> None:
-    rows, stats = load_examples(AIME_PARQUET)
-    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates, len(rows)) == (
-        960,
-        930,
-        0,
-        30,
-    )
+def test_aime_2024_has_its_30_problems_with_the_official_answers() -> None:
+    rows, stats = load_examples(real_data(*AIME_ANY))
+    assert len(rows) == 30 and stats.conflicting_duplicates == 0
     assert Counter(r.ground_truth for r in rows) == AIME_ANSWERS
     assert {r.data_source for r in rows} == {"math_dapo"}
     assert all(r.prompt.startswith(DAPO_INSTRUCTION) and r.prompt.endswith(DAPO_REMINDER) for r in rows)
     known = [r for r in rows if any(text in r.prompt for text in AIME_KNOWN)]
     assert len(known) == len(AIME_KNOWN)
     assert all(r.ground_truth == answer_for(r.prompt) for r in known)
-    assert rows[0].origin.endswith("aime-2024.dapo.parquet, row 0")
 
 
-def test_aime_parquet_without_dedup_keeps_32_copies_with_unique_uids() -> None:
-    rows, stats = load_examples(AIME_PARQUET, dedup=False)
-    assert len(rows) == 960 and stats.duplicates_removed == 0
-    assert len({r.uid for r in rows}) == 960
-    copies = Counter(r.uid.split("-")[0] for r in rows)
-    assert Counter(copies.values()) == {32: 30}
+def test_dapo_aime_parquet_holds_32_copies_of_each_problem() -> None:
+    path = real_data(AIME_RAW)
+    rows, stats = load_examples(path)
+    assert (stats.rows_read, stats.duplicates_removed, len(rows)) == (960, 930, 30)
+    copies, _ = load_examples(path, dedup=False)
+    assert len({r.uid for r in copies}) == 960
+    assert Counter(Counter(r.uid.split("-")[0] for r in copies).values()) == {32: 30}
 
 
-def test_aime_jsonl_has_the_parquets_prompts_uids_and_answers() -> None:
-    jsonl, _ = load_examples(AIME_JSONL)
-    parquet, _ = load_examples(AIME_PARQUET)
-    assert len(jsonl) == 30
-    assert {r.uid: r.ground_truth for r in jsonl} == {r.uid: r.ground_truth for r in parquet}
-    assert jsonl[0].ground_truth == "204" and jsonl[0].origin.endswith("aime2024_30.jsonl, line 1")
-
-
-def test_qwen_aime_copy_is_wrapped_in_the_dapo_prompt() -> None:
-    rows, _ = load_examples(AIME_QWEN)
-    # This copy writes answers AIME-style with three digits ("023"). The loader keeps ground truths
+def test_the_aime_copies_agree() -> None:
+    parquet, _ = load_examples(real_data(AIME_RAW))
+    flat, _ = load_examples(real_data("aime2024_30.jsonl"))
+    assert {r.uid: r.ground_truth for r in flat} == {r.uid: r.ground_truth for r in parquet}
+    qwen, _ = load_examples(real_data("aime24_qwen25math_test.jsonl"))
+    # Qwen's copy writes answers AIME-style with three digits ("023"). The loader keeps ground truths
     # verbatim, and DAPO's exact-match scorer would then reject "Answer: 23": evaluate on DAPO's file.
-    assert len(rows) == 30 and "023" in {r.ground_truth for r in rows}
-    assert Counter(str(int(r.ground_truth)) for r in rows) == AIME_ANSWERS
-    assert rows[0].prompt == dapo_prompt(json.loads(AIME_QWEN.read_text().splitlines()[0])["problem"])
-    assert {r.data_source for r in rows} == {"math_dapo"}
-    assert all(
-        int(r.ground_truth) == int(answer_for(r.prompt))
-        for r in rows
-        if any(t in r.prompt for t in AIME_KNOWN)
-    )
+    # Its problem texts differ from DAPO's in details, so only the answers are compared.
+    assert len(qwen) == 30 and "023" in {r.ground_truth for r in qwen}
+    assert Counter(str(int(r.ground_truth)) for r in qwen) == AIME_ANSWERS
+    known = [r for r in qwen if any(text in r.prompt for text in AIME_KNOWN)]
+    assert known and all(int(r.ground_truth) == int(answer_for(r.prompt)) for r in known)
 
 
 def test_dapo_math_sample() -> None:
-    rows, stats = load_examples(DAPO_SAMPLE)
+    rows, stats = load_examples(real_data("dapo_math_17k_sample27.jsonl"))
     assert len(rows) == 27 and stats.duplicates_removed == 0
     assert [r.ground_truth for r in rows[:4]] == ["34", "113", "-3", "3"]
     assert {r.data_source for r in rows} == {"math_dapo"}
@@ -193,33 +184,76 @@ def test_dapo_math_sample() -> None:
         r.prompt.startswith(DAPO_INSTRUCTION + "\n\n") and r.prompt.endswith("\n\n" + DAPO_REMINDER)
         for r in rows
     )
-    assert rows[0].messages == ({"role": "user", "content": rows[0].prompt},)
 
 
 def test_gsm8k_files() -> None:
-    test, stats = load_examples(GSM8K_TEST)
-    train, _ = load_examples(GSM8K_TRAIN)
-    assert (len(test), stats.rows_read, len(train)) == (1319, 1319, 200)
-    assert (test[0].ground_truth, train[0].ground_truth) == ("18", "72")
+    """The published split or tools/prepare_data.py's conversion of it: the same prompts and answers."""
+    test, stats = load_examples(real_data(*GSM8K_TEST))
+    train, _ = load_examples(real_data(*GSM8K_TRAIN))
+    assert (len(test), stats.rows_read, test[0].ground_truth) == (1319, 1319, "18")
+    assert train[0].ground_truth == "72"
     assert {r.data_source for r in test} == {"gsm8k"}
-    assert test[0].prompt == dapo_prompt(json.loads(GSM8K_TEST.read_text().splitlines()[0])["question"])
+    assert test[0].prompt.startswith(f"{DAPO_INSTRUCTION}\n\nJanet\u2019s ducks lay 16 eggs per day.")
     assert all(r.ground_truth.lstrip("-").replace(".", "", 1).isdigit() for r in test)  # "2,125" -> "2125"
     assert "2125" in {r.ground_truth for r in test}
 
 
-def test_explicit_format_overrides_detection() -> None:
-    assert detect_format(json.loads(AIME_JSONL.read_text().splitlines()[0])) == "flat"
-    with pytest.raises(
-        DatasetError, match=r"aime2024_30\.jsonl, line 1: .*'prompt' must be a non-empty list"
-    ):
-        load_examples(AIME_JSONL, format="verl")
-    rows, _ = load_examples(GSM8K_TRAIN, format="flat")  # the whole solution becomes the answer
-    assert rows[0].ground_truth.endswith("#### 72")
+# --- each published layout, in miniature ---------------------------------------------------------------
 
 
-def test_data_source_override() -> None:
-    rows, _ = load_examples(AIME_JSONL, data_source="aime_2024")
-    assert {r.data_source for r in rows} == {"aime_2024"}
+def test_dapo_aime_parquet_layout_dedups_and_numbers_the_copies(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "aime.parquet", dapo_rows(copies=4, seed=0))
+    rows, stats = load_examples(path)
+    assert (stats.rows_read, stats.duplicates_removed, stats.conflicting_duplicates) == (12, 9, 0)
+    assert rows[0].origin.endswith("aime.parquet, row 0")
+    by_answer = {r.ground_truth: r for r in rows}
+    assert sorted(by_answer) == sorted(answer for _, answer in PROBLEMS)
+    for problem, answer in PROBLEMS:
+        assert by_answer[answer].prompt == dapo_prompt(problem)
+        assert by_answer[answer].messages == ({"role": "user", "content": dapo_prompt(problem)},)
+    assert {r.data_source for r in rows} == {"math_dapo"}
+    copies, stats = load_examples(path, dedup=False)
+    assert len(copies) == 12 and stats.duplicates_removed == 0 and len({r.uid for r in copies}) == 12
+    assert Counter(Counter(r.uid.split("-")[0] for r in copies).values()) == {4: 3}
+    first_copy = {r.uid.split("-")[0]: r.uid for r in reversed(copies)}
+    assert set(first_copy.values()) == {r.uid for r in rows}  # the first copy keeps the bare uid
+
+
+def test_flat_aime_layout_gives_the_parquets_uids(tmp_path: Path) -> None:
+    parquet, _ = load_examples(write_parquet(tmp_path / "aime.parquet", dapo_rows(copies=2, seed=0)))
+    path = write_jsonl(tmp_path / "aime_flat.jsonl", flat_aime_rows())
+    flat, _ = load_examples(path)
+    assert detect_format(flat_aime_rows()[0]) == "flat"
+    assert {r.uid: r.ground_truth for r in flat} == {r.uid: r.ground_truth for r in parquet}
+    assert flat[0].ground_truth == PROBLEMS[0][1] and flat[0].origin.endswith("aime_flat.jsonl, line 1")
+    with pytest.raises(DatasetError, match=r"aime_flat\.jsonl, line 1: .*'prompt' must be a non-empty list"):
+        load_examples(path, format="verl")
+    renamed, _ = load_examples(path, data_source="aime_2024")
+    assert {r.data_source for r in renamed} == {"aime_2024"}
+
+
+def test_qwen_aime_layout_is_wrapped_and_keeps_three_digit_answers(tmp_path: Path) -> None:
+    rows, _ = load_examples(write_jsonl(tmp_path / "qwen.jsonl", qwen_aime_rows()))
+    assert [r.ground_truth for r in rows] == ["040", "009", "007"]
+    assert [r.prompt for r in rows] == [dapo_prompt(problem) for problem, _ in PROBLEMS]
+    assert {r.data_source for r in rows} == {"math_dapo"}
+
+
+def test_dapo_math_layout(tmp_path: Path) -> None:
+    rows, _ = load_examples(write_jsonl(tmp_path / "dapo.jsonl", dapo_rows()))
+    assert [(r.prompt, r.ground_truth) for r in rows] == [(dapo_prompt(p), a) for p, a in PROBLEMS]
+    assert rows[0].messages == ({"role": "user", "content": rows[0].prompt},)
+
+
+def test_gsm8k_layout(tmp_path: Path) -> None:
+    problems = [*PROBLEMS, ("How many cents are in $21.25?", "2,125")]
+    path = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(problems))
+    rows, _ = load_examples(path)
+    assert [r.ground_truth for r in rows] == ["40", "9", "7", "2125"]
+    assert [r.prompt for r in rows] == [dapo_prompt(problem) for problem, _ in problems]
+    assert {r.data_source for r in rows} == {"gsm8k"}
+    whole, _ = load_examples(path, format="flat")  # the whole solution becomes the answer
+    assert whole[0].ground_truth == gsm8k_rows()[0]["answer"] and whole[0].ground_truth.endswith("#### 40")
 
 
 # --- de-duplication --------------------------------------------------------------------------------
@@ -267,9 +301,11 @@ def test_no_template_fallback_is_the_plain_content(plain_tokenizer) -> None:
     )
 
 
-def test_build_dataset_with_template_truncates_from_the_left(chat_tokenizer) -> None:
-    dataset = build_dataset(DAPO_SAMPLE, chat_tokenizer, max_prompt_length=300, shuffle=False)
-    assert len(dataset) == 27 and dataset.stats.too_long_truncated > 0
+def test_build_dataset_with_template_truncates_from_the_left(tmp_path: Path, chat_tokenizer) -> None:
+    # DAPO's prompt wraps each problem in ~280 characters: at one token a character, 300 cut the longer ones.
+    path = write_jsonl(tmp_path / "dapo.jsonl", dapo_rows())
+    dataset = build_dataset(path, chat_tokenizer, max_prompt_length=300, shuffle=False)
+    assert len(dataset) == 3 and 0 < dataset.stats.too_long_truncated < 3
     assert dataset.stats.longest_prompt_tokens > 300
     for example in dataset:
         rendered = render_prompt(example.messages, chat_tokenizer)
@@ -484,12 +520,14 @@ def test_unshuffled_order_take_and_empty() -> None:
         PromptDataset([])
 
 
-def test_dataset_from_config(plain_tokenizer) -> None:
-    config = DataConfig(train_files=[str(DAPO_SAMPLE)], eval_files=[str(AIME_PARQUET)], seed=5)
+def test_dataset_from_config(tmp_path: Path, plain_tokenizer) -> None:
+    train_file = write_jsonl(tmp_path / "train.jsonl", gsm8k_rows())
+    eval_file = write_parquet(tmp_path / "eval.parquet", dapo_rows(copies=4, seed=0))
+    config = DataConfig(train_files=[str(train_file)], eval_files=[str(eval_file)], seed=5)
     train = dataset_from_config(config, "train", plain_tokenizer, max_prompt_length=2048)
     evaluation = dataset_from_config(config, "eval", plain_tokenizer, max_prompt_length=2048)
-    assert (len(train), train.shuffle, train.seed) == (27, True, 5)
-    assert (len(evaluation), evaluation.shuffle, evaluation.stats.duplicates_removed) == (30, False, 930)
+    assert (len(train), train.shuffle, train.seed) == (3, True, 5)
+    assert (len(evaluation), evaluation.shuffle, evaluation.stats.duplicates_removed) == (3, False, 9)
     assert evaluation.next_batch(2) == evaluation.take(2)
     with pytest.raises(ValueError, match=r"data\.overlong_prompt"):
         DataConfig(overlong_prompt="right")

@@ -1,4 +1,5 @@
-"""tools/prepare_data.py without a network: local inputs, a stand-in downloader, overwrite rules."""
+"""tools/prepare_data.py without a network: local inputs (miniatures of the published files, and the real AIME
+parquet where present), a stand-in downloader, overwrite rules."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_megatron.data.datasets import dapo_prompt, load_examples
-from tests.conftest import REPO, SHARED_DATA
+from dapo_megatron.data.datasets import load_examples
+from tests.conftest import REPO, real_data
+from tests.sample_files import PROBLEMS, dapo_rows, gsm8k_rows, write_parquet
 
 TOOL = REPO / "tools" / "prepare_data.py"
-AIME_PARQUET = SHARED_DATA / "aime-2024.dapo.parquet"
 
 
 def load_tool():
@@ -43,57 +43,59 @@ class FakeHub:
 
 
 def repeated_dapo_parquet(path: Path, unique: int, copies: int) -> Path:
-    """A miniature of the public DAPO-Math-17k parquet: every prompt `copies` times, interleaved."""
-    rows = [
-        {
-            "data_source": "math_dapo",
-            "prompt": [{"role": "user", "content": dapo_prompt(f"What is {i}+{i}?")}],
-            "ability": "MATH",
-            "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": i},
-        }
-        for _ in range(copies)
-        for i in range(unique)
-    ]
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+    """A miniature of the public DAPO-Math-17k parquet: every prompt `copies` times, pass after pass."""
+    return write_parquet(path, dapo_rows([(f"What is {i}+{i}?", str(2 * i)) for i in range(unique)], copies))
 
 
-def test_from_local_aime_round_trips_through_the_loader(tmp_path: Path, capsys) -> None:
+def aime_miniature(folder: Path) -> Path:
+    """DAPO's AIME parquet in miniature: 3 problems, 4 shuffled copies each."""
+    return write_parquet(folder / "aime-2024.parquet", dapo_rows(copies=4, seed=0))
+
+
+@pytest.mark.parametrize(("source", "rows", "prompts"), [("miniature", 12, 3), ("real", 960, 30)])
+def test_from_local_aime_round_trips_through_the_loader(
+    tmp_path: Path, capsys, source: str, rows: int, prompts: int
+) -> None:
+    aime = aime_miniature(tmp_path) if source == "miniature" else real_data("aime-2024.dapo.parquet")
     out = tmp_path / "out"
     code = prepare_data.main(
-        ["--output-dir", str(out), "--datasets", "aime-2024", "--from-local", f"aime_2024={AIME_PARQUET}"],
+        ["--output-dir", str(out), "--datasets", "aime-2024", "--from-local", f"aime_2024={aime}"],
         fetch=pytest.fail,
     )
     assert code == 0
-    assert (
-        "aime_2024: 960 rows read from 1 file(s), 930 duplicates removed -> 30 prompts"
-        in capsys.readouterr().out
-    )
+    summary = f"{rows} rows read from 1 file(s), {rows - prompts} duplicates removed -> {prompts} prompts"
+    assert f"aime_2024: {summary}" in capsys.readouterr().out
     written, stats = load_examples(out / "aime_2024.jsonl")
-    original, _ = load_examples(AIME_PARQUET)
-    assert stats.rows_read == 30 and [p.name for p in out.iterdir()] == ["aime_2024.jsonl"]
+    original, _ = load_examples(aime)
+    assert stats.rows_read == prompts and [p.name for p in out.iterdir()] == ["aime_2024.jsonl"]
     assert [(e.uid, e.ground_truth, e.messages, e.data_source) for e in written] == [
         (e.uid, e.ground_truth, e.messages, e.data_source) for e in original
     ]
 
 
 def test_downloads_each_selected_file_and_converts_gsm8k(tmp_path: Path) -> None:
+    published = tmp_path / "published"  # the hub's files: parquet with GSM8K's question/answer columns
+    published.mkdir()
     hub = FakeHub(
         {
-            "openai/gsm8k/main/train-00000-of-00001.parquet": SHARED_DATA / "gsm8k_train_first200.jsonl",
-            "openai/gsm8k/main/test-00000-of-00001.parquet": SHARED_DATA / "gsm8k_test.jsonl",
+            "openai/gsm8k/main/train-00000-of-00001.parquet": write_parquet(
+                published / "train.parquet", gsm8k_rows(PROBLEMS[:2])
+            ),
+            "openai/gsm8k/main/test-00000-of-00001.parquet": write_parquet(
+                published / "test.parquet", gsm8k_rows([("Cents in $21.25?", "2,125"), *PROBLEMS])
+            ),
         }
     )
+    out = tmp_path / "out"
     code = prepare_data.main(
-        ["--output-dir", str(tmp_path), "--datasets", "gsm8k", "--output-format", "parquet"], fetch=hub
+        ["--output-dir", str(out), "--datasets", "gsm8k", "--output-format", "parquet"], fetch=hub
     )
     assert code == 0 and [r.repo_id for r in hub.requests] == ["openai/gsm8k", "openai/gsm8k"]
-    train, _ = load_examples(tmp_path / "gsm8k_train.parquet")
-    test, _ = load_examples(tmp_path / "gsm8k_test.parquet")
-    assert (len(train), len(test), test[0].ground_truth, test[0].data_source) == (200, 1319, "18", "gsm8k")
-    row = pq.read_table(tmp_path / "gsm8k_test.parquet").slice(0, 1).to_pylist()[0]
-    assert row["prompt"][0]["role"] == "user" and row["reward_model"]["ground_truth"] == "18"
+    train, _ = load_examples(out / "gsm8k_train.parquet")
+    test, _ = load_examples(out / "gsm8k_test.parquet")
+    assert (len(train), len(test), test[0].ground_truth, test[0].data_source) == (2, 4, "2125", "gsm8k")
+    row = pq.read_table(out / "gsm8k_test.parquet").slice(0, 1).to_pylist()[0]
+    assert row["prompt"][0]["role"] == "user" and row["reward_model"]["ground_truth"] == "2125"
 
 
 @pytest.mark.parametrize(("flags", "expected_rows"), [((), 5), (("--no-dedup",), 15)])
@@ -125,9 +127,9 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys) -> None:
     args = ["--output-dir", str(tmp_path), "--datasets", "aime-2024"]
     assert prepare_data.main(args, fetch=pytest.fail) == 1  # refused before downloading anything
     assert "already exist; pass --force" in capsys.readouterr().err and target.read_text() == "keep me\n"
-    hub = FakeHub({"BytedTsinghua-SIA/AIME-2024/data/aime-2024.parquet": AIME_PARQUET})
+    hub = FakeHub({"BytedTsinghua-SIA/AIME-2024/data/aime-2024.parquet": aime_miniature(tmp_path)})
     assert prepare_data.main([*args, "--force"], fetch=hub) == 0
-    assert len(target.read_text().splitlines()) == 30
+    assert len(target.read_text().splitlines()) == 3
 
 
 def test_bad_arguments_and_failed_downloads_are_reported(tmp_path: Path, capsys) -> None:
@@ -184,7 +186,7 @@ def test_command_line(tmp_path: Path) -> None:
             "--datasets",
             "aime-2024",
             "--from-local",
-            f"aime_2024={AIME_PARQUET}",
+            f"aime_2024={aime_miniature(tmp_path)}",
         ],
         capture_output=True,
         text=True,
@@ -192,4 +194,4 @@ def test_command_line(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "-> 30 prompts" in proc.stdout and (tmp_path / "aime_2024.jsonl").exists()
+    assert "-> 3 prompts" in proc.stdout and (tmp_path / "aime_2024.jsonl").exists()

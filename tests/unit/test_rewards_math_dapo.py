@@ -1,7 +1,6 @@
 """DAPO's math scorer: hand cases, the real AIME / DAPO-Math rows, and robustness on arbitrary text."""
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,8 +13,8 @@ from dapo_megatron.rewards.math_dapo import (
     normalize_final_answer,
     remove_boxed,
 )
+from tests.conftest import real_data
 
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 REASONING = "Let me think step by step. We compute the sum 12 + 30 = 42, then use $x^2 = 4$.\n" * 30
 
 # (response, ground truth, expected acc, expected pred)
@@ -158,10 +157,7 @@ def test_normalize_final_answer_rules(raw: str, normalised: str) -> None:
 
 
 def _read_jsonl(name: str) -> list[dict]:
-    path = DATA_DIR / name
-    if not path.exists():
-        pytest.skip(f"shared data file {path} is absent (tests read ../shared/data next to the repository)")
-    with path.open() as handle:
+    with real_data(name).open() as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 

@@ -7,7 +7,7 @@ import pytest
 from dapo_megatron import config as C
 from dapo_megatron.data import arithmetic, char_tokenizer
 from dapo_megatron.trainer.prompts import build_prompt_sources
-from tests.conftest import SHARED_DATA
+from tests.sample_files import PROBLEMS, dapo_rows, write_jsonl, write_parquet
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +43,22 @@ def test_the_task_and_its_split_seed_pick_the_problems(tokenizer) -> None:  # ty
     assert {tokenizer.decode(p.ids) for p in other} != {tokenizer.decode(p.ids) for p in evaluation}
 
 
-@pytest.mark.skipif(not SHARED_DATA.exists(), reason="needs ../shared/data next to the repository")
-def test_data_files_replace_the_demo_task(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_data_files_replace_the_demo_task(tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # DAPO-Math-17k and AIME layouts; DAPO's prompt makes every row longer than 250 characters (tokens here).
+    problems = [(f"{problem} (variant {i})", answer) for i in range(3) for problem, answer in PROBLEMS]
+    train_file = write_jsonl(tmp_path / "dapo_math.jsonl", dapo_rows(problems))
+    eval_file = write_parquet(tmp_path / "aime.parquet", dapo_rows(copies=4, seed=0))
     job = C.load(
         [
             "experiment=demo",
-            f"data.train_files=[{SHARED_DATA / 'dapo_math_17k_sample27.jsonl'}]",
-            f"data.eval_files=[{SHARED_DATA / 'aime-2024.dapo.parquet'}]",
-            "rollout.max_prompt_length=300",
+            f"data.train_files=[{train_file}]",
+            f"data.eval_files=[{eval_file}]",
+            "rollout.max_prompt_length=250",
             "model.max_position_embeddings=512",
         ]
     )
     train, evaluation = build_prompt_sources(job, tokenizer)
-    assert len(evaluation) == 30  # 960 rows, 32 copies of each AIME problem, de-duplicated
-    seen = {next(train).uid for _ in range(27)}
-    assert len(seen) == 27  # one epoch covers the 27 DAPO-Math rows once
-    assert all(len(next(train).ids) <= 300 for _ in range(27))  # left-truncated to the prompt limit
+    assert len(evaluation) == 3  # 12 rows, 4 copies of each problem, de-duplicated
+    seen = {next(train).uid for _ in range(9)}
+    assert len(seen) == 9  # one epoch covers the 9 training rows once
+    assert all(len(next(train).ids) == 250 for _ in range(9))  # left-truncated to the prompt limit
