@@ -12,7 +12,7 @@
     Drawn           a prompt drawn by dynamic sampling and, once generated, its group: the carry-over backlog
        | trainer/batch.py: shaped rewards, GRPO advantages, right-padded tensors (driving rank, then
        | broadcast)
-    PolicyRows      token rows, response mask, advantages, log-probs
+    PolicyRows      token rows, response mask, advantages, log-probs, policy lag
        | trainer/batch.split_rows: this data-parallel rank's share, cut per optimizer step and micro-batch
     RankShare       those rows in training order and how they are cut
        | PolicyRows.micro_batches
@@ -141,6 +141,7 @@ class PolicyMicroBatch(MicroBatch):
     advantages: torch.Tensor | None = None  # [batch]
     old_log_prob: torch.Tensor | None = None  # [batch, seq]; None = on-policy (ratio exactly 1)
     rollout_log_prob: torch.Tensor | None = None  # [batch, seq]; the engine's, for TIS and mismatch metrics
+    lag: torch.Tensor | None = None  # [batch]; see PolicyRows.lag
 
 
 @dataclass
@@ -156,9 +157,17 @@ class PolicyRows:
     advantages: torch.Tensor
     old_log_prob: torch.Tensor | None = None
     rollout_log_prob: torch.Tensor | None = None
+    lag: torch.Tensor | None = None
+    """[n] updates between the weights that sampled each row and the weights it trains (0: on policy); the
+    loss corrects rows with lag > 0 (`algo.lag_is_cap`). None: not known (treated as on policy)."""
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def any_lagged(self) -> bool:
+        """Whether some row was sampled by older weights than those it trains."""
+        return self.lag is not None and bool((self.lag > 0).any())
 
     def subset(self, rows: slice | torch.Tensor, width: int | None = None) -> PolicyRows:
         """Rows `rows` (a slice or an index tensor), label positions cut to `width` (tokens to
@@ -173,6 +182,7 @@ class PolicyRows:
             advantages=self.advantages[rows],
             old_log_prob=cut(self.old_log_prob),
             rollout_log_prob=cut(self.rollout_log_prob),
+            lag=None if self.lag is None else self.lag[rows],
         )
 
     def widths(self) -> torch.Tensor:
@@ -202,6 +212,7 @@ class PolicyRows:
                     advantages=part.advantages,
                     old_log_prob=part.old_log_prob,
                     rollout_log_prob=part.rollout_log_prob,
+                    lag=part.lag,
                 )
             )
         return micro

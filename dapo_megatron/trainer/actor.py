@@ -24,7 +24,7 @@ from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.records import PolicyMicroBatch, PolicyRows
 from dapo_megatron.trainer.forward import LossFn, run_schedule
-from dapo_megatron.trainer.optimizer import load_optimizer_state, load_parameter_state, parameter_state
+from dapo_megatron.trainer.optimizer import load_optimizer_state, sharded_optimizer_state
 
 
 def micro_batch_sizes(rows: int, micro_batch_size: int | Sequence[int]) -> list[int]:
@@ -70,6 +70,7 @@ def dapo_loss_fn(algo: AlgoConfig, layout: ParallelLayout, *, vocab_size: int, t
             algo,
             entropy=entropy,
             rollout_log_prob=mb.rollout_log_prob,
+            lag=mb.lag,
             num_tokens=1,
             num_sequences=1,
         )
@@ -82,29 +83,76 @@ def dapo_loss_fn(algo: AlgoConfig, layout: ParallelLayout, *, vocab_size: int, t
     return loss_fn
 
 
+LAGGED_COUNT = "lagged_tokens"
+"""Lagged valid tokens (`algo/loss.lag_is_weights`): summed, and the weight of the means over them."""
+LAGGED_MEANS = frozenset({"lag_is_weight_mean", "lag_is_truncated_frac"})
+MAXIMA = frozenset({"lag_is_weight_max"})
+
+
+def _weight(name: str, metrics: dict[str, Any], units: float) -> float:
+    """What one part's (micro-batch's, optimizer step's) value of `name` counts for when parts combine: a mean
+    over lagged tokens those tokens, their count once, any other mean the part's `units`."""
+    if name in LAGGED_MEANS:
+        return float(metrics.get(LAGGED_COUNT, 0.0))
+    return 1.0 if name == LAGGED_COUNT else units
+
+
+def _divisor(name: str, lagged: float, units: float) -> float:
+    """What the weighted sum of `name` over all parts is divided by (`_weight`'s totals)."""
+    if name in LAGGED_MEANS:
+        return max(lagged, 1.0)
+    return 1.0 if name == LAGGED_COUNT else max(units, 1.0)
+
+
 def reduce_reports(reports: list[dict[str, Any]], layout: ParallelLayout) -> dict[str, float]:
     """Batch-level metrics on every rank. Collective over the world.
 
     Sums (`pg_loss`, `entropy`, `loss_sum`) become means over all units of the batch; local
-    means (clip fractions, the PPO KL estimate) are weighted by their micro-batch's units. Only the loss rank
-    of each replica (last stage, TP rank 0) contributes, so nothing is counted twice.
+    means (clip fractions, the PPO KL estimate) are weighted by their micro-batch's units, the means over
+    lagged tokens by those tokens; maxima stay maxima. Only the loss rank of each replica (last stage, TP
+    rank 0) contributes, so nothing is counted twice.
     """
     summed = {"pg_loss", "entropy", "loss_sum"}
     names = sorted({name for report in reports for name in report if name != "units"})
     names = _same_on_all_ranks(names)
     totals = torch.zeros(len(names) + 1, dtype=torch.float64)
+    maxima = torch.zeros(len(names), dtype=torch.float64)
     if layout.is_loss_rank:
         for report in reports:
             units = float(report["units"])
             for i, name in enumerate(names):
-                if name in report:
-                    totals[i] += float(report[name]) * (1.0 if name in summed else units)
+                if name in MAXIMA and name in report:
+                    maxima[i] = max(float(maxima[i]), float(report[name]))
+                elif name in report:
+                    weight = 1.0 if name in summed else _weight(name, report, units)
+                    totals[i] += float(report[name]) * weight
             totals[-1] += units
     torch.distributed.all_reduce(totals)
-    count = max(float(totals[-1]), 1.0)
-    result = {name: float(totals[i]) / count for i, name in enumerate(names)}
+    torch.distributed.all_reduce(maxima, op=torch.distributed.ReduceOp.MAX)
+    lagged = float(totals[names.index(LAGGED_COUNT)]) if LAGGED_COUNT in names else 0.0
+    result = {
+        name: float(maxima[i])
+        if name in MAXIMA
+        else float(totals[i]) / _divisor(name, lagged, float(totals[-1]))
+        for i, name in enumerate(names)
+    }
     result["loss"] = result.pop("loss_sum", 0.0)
     result["units"] = float(totals[-1])
+    return result
+
+
+def combine_steps(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One rollout step's metrics from its optimizer steps': the mean over steps, except the lagged-token
+    count (summed), the means over lagged tokens (weighted by them) and maxima (the largest)."""
+    names = sorted({name for metrics in per_step for name in metrics})
+    lagged = sum(metrics.get(LAGGED_COUNT, 0.0) for metrics in per_step)
+    result = {}
+    for name in names:
+        if name in MAXIMA:
+            result[name] = max(metrics.get(name, 0.0) for metrics in per_step)
+        else:
+            total = sum(metrics.get(name, 0.0) * _weight(name, metrics, 1.0) for metrics in per_step)
+            result[name] = total / _divisor(name, lagged, len(per_step))
     return result
 
 
@@ -184,19 +232,23 @@ class Actor:
             torch.distributed.broadcast(out, src=self.layout.pp_last_rank, group=self.layout.pp_group)
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's optimizer, LR schedule and RNG states: with the model, an exact resume point."""
+    def sharded_state_dict(self, model_state: dict[str, Any], *, is_loading: bool = False) -> dict[str, Any]:
+        """The optimizer, sharded by the global tensors of `model_state` (the model's sharded state dict),
+        and the LR schedule: the part of the resume point that loads under any layout."""
         return {
-            "optimizer": self.optimizer.state_dict(),
-            "optimizer_parameter_state": parameter_state(self.optimizer),
+            "optimizer": sharded_optimizer_state(self.optimizer, model_state, is_loading=is_loading),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         load_optimizer_state(self.optimizer, state["optimizer"])
-        load_parameter_state(self.optimizer, state.get("optimizer_parameter_state", []))
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's RNG states: restorable in the same layout only."""
+        return {"rng": rng_state()}
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
         set_rng_state(state["rng"])
 
     def train_step(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> dict[str, float]:

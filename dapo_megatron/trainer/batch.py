@@ -14,23 +14,43 @@ import torch
 from dapo_megatron.algo.advantages import compute_grpo_advantages
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.reward_shaping import overlong_filter_mask, overlong_penalty
+from dapo_megatron.metrics import spread
 from dapo_megatron.records import PolicyRows, RankShare, ScoredGroup
 from dapo_megatron.trainer.config import TrainerConfig
 from dapo_megatron.trainer.packing import fixed_size_plan, token_budget_plan
 
 
+def sample_lags(groups: Sequence[ScoredGroup], trained_step: int) -> list[int]:
+    """Per sample, in the groups' order: how many updates older than the weights about to train (those pushed
+    after rollout step `trained_step`) the weights that sampled it were: 0 on policy; 1 for a batch generated
+    ahead (trainer.overlap_rollout); more for groups carried over. Read from the version the engine labelled
+    each sample with, the one the trainer pushed last (`step-N`, rollout/fleet.py)."""
+    lags = []
+    for group in groups:
+        for sample in group.samples:
+            version = sample.weight_version.removeprefix("step-")
+            if not version.isdigit() or int(version) > trained_step:
+                raise ValueError(
+                    f"a sample of prompt {group.key} carries weight version {sample.weight_version!r}, not "
+                    f"step-N with N <= {trained_step}: the policy lag that decides its off-policy correction "
+                    "is unknown. The engine labels samples with the version each weight sync sets; an "
+                    "engine that reports none is too old (use the SGLang of requirements-sglang.txt)"
+                )
+            lags.append(trained_step - int(version))
+    return lags
+
+
 def policy_lag(groups: Sequence[ScoredGroup], trained_step: int) -> dict[str, float]:
-    """How many updates older than the weights about to train (those of rollout step `trained_step`) the
-    weights that sampled each sample were: 0 on policy; 1 for a batch generated ahead
-    (trainer.overlap_rollout); more for groups carried over. Empty when a version is not `step-N`."""
-    versions = [s.weight_version.removeprefix("step-") for g in groups for s in g.samples]
-    if not versions or not all(v.isdigit() for v in versions):
+    """The spread of `sample_lags`, and `policy_lag/lagged_fraction`: the fraction of samples (not tokens) that
+    lag."""
+    lags = sample_lags(groups, trained_step)
+    if not lags:
         return {}
-    lags = [trained_step - int(v) for v in versions]
     return {
-        "rollout/policy_lag_mean": sum(lags) / len(lags),
-        "rollout/policy_lag_min": float(min(lags)),
-        "rollout/policy_lag_max": float(max(lags)),
+        "policy_lag/lagged_fraction": sum(lag > 0 for lag in lags) / len(lags),
+        "policy_lag/mean": sum(lags) / len(lags),
+        "policy_lag/min": float(min(lags)),
+        "policy_lag/max": float(max(lags)),
     }
 
 
@@ -54,9 +74,15 @@ def shaped_rewards(
 
 
 def build_rows(
-    groups: Sequence[ScoredGroup], algo: AlgoConfig, *, max_response_length: int, pad_token_id: int
+    groups: Sequence[ScoredGroup],
+    algo: AlgoConfig,
+    *,
+    max_response_length: int,
+    pad_token_id: int,
+    trained_step: int | None = None,
 ) -> tuple[PolicyRows, dict[str, float]]:
-    """PolicyRows for every sample of `groups` (group-major order) and reward metrics."""
+    """PolicyRows for every sample of `groups` (group-major order) and reward metrics. With `trained_step`
+    (see `sample_lags`) the rows carry their policy lag; without, none (treated as on policy)."""
     samples = [s for g in groups for s in g.samples]
     rewards = shaped_rewards(groups, algo, max_response_length=max_response_length)
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
@@ -78,19 +104,25 @@ def build_rows(
     if algo.overlong_filter:
         mask = overlong_filter_mask([s.finish_reason for s in samples], mask)
     lengths = torch.tensor([len(s.output_ids) for s in samples], dtype=torch.float32)
+    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.float32)
     metrics = {
-        "rollout/score": float(torch.tensor([s.score for s in samples]).mean()),
+        **spread("critic/score", torch.tensor([s.score for s in samples], dtype=torch.float32)),
+        **spread("critic/rewards", rewards),
+        # verl averages advantages over response tokens: a sample weighs its length.
+        "critic/advantages/mean": float((advantages * lengths).sum() / lengths.sum().clamp(min=1)),
+        "critic/advantages/max": float(advantages.max()),
+        "critic/advantages/min": float(advantages.min()),
+        **spread("response_length", lengths),
+        "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        **spread("prompt_length", prompt_lengths),
         "rollout/accuracy": sum(s.acc for s in samples) / len(samples),
-        "rollout/reward": float(rewards.mean()),
-        "rollout/response_length": float(lengths.mean()),
-        "rollout/response_length_max": float(lengths.max()),
-        "rollout/overlong_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
-        "rollout/advantage_abs": float(advantages.abs().mean()),
-        "rollout/total_tokens": float(sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)),
+        "perf/total_num_tokens": float(lengths.sum() + prompt_lengths.sum()),
     }
     rows = PolicyRows(
         tokens=tokens, response_mask=mask, advantages=advantages, rollout_log_prob=rollout_log_prob
     )
+    if trained_step is not None:
+        rows.lag = torch.tensor(sample_lags(groups, trained_step), dtype=torch.long)
     return rows, metrics
 
 

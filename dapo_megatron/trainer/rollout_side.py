@@ -110,6 +110,7 @@ class RolloutSide:
                 self.job.algo,
                 max_response_length=self.job.rollout.max_response_length,
                 pad_token_id=self.pad_token_id,
+                trained_step=step - 1,
             )
             objects = [(rows, {**metrics, **policy_lag(groups, step - 1)})]
         torch.distributed.broadcast_object_list(objects, src=0)

@@ -13,7 +13,7 @@ from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.models.sequence_padding import padded_length
 from dapo_megatron.records import PolicyRows, ScoredGroup, ScoredSample
 from dapo_megatron.trainer.actor import dapo_loss_fn, micro_batch_sizes
-from dapo_megatron.trainer.batch import build_rows, policy_lag, split_rows
+from dapo_megatron.trainer.batch import build_rows, policy_lag, sample_lags, split_rows
 from dapo_megatron.trainer.config import TrainerConfig
 
 
@@ -148,15 +148,35 @@ def lagged_group(key: str, versions: list[str]) -> ScoredGroup:
 
 def test_policy_lag_counts_updates_since_the_sampling_weights() -> None:
     """Trained at step 5's weights: a fresh group (step-5) lags 0, one generated ahead (step-4) 1, one carried
-    over from before (step-3) 2."""
-    lag = policy_lag([lagged_group("a", ["step-5", "step-4"]), lagged_group("b", ["step-3", "step-4"])], 5)
-    assert lag == {
-        "rollout/policy_lag_mean": 1.0,
-        "rollout/policy_lag_min": 0.0,
-        "rollout/policy_lag_max": 2.0,
-    }
-    # Versions not set by this trainer's pushes (an engine that reports none) give no metric, not a wrong one.
-    assert policy_lag([lagged_group("a", ["step-5", "None"])], 5) == {}
+    over from before (step-3) 2; three samples of four lag."""
+    groups = [lagged_group("a", ["step-5", "step-4"]), lagged_group("b", ["step-3", "step-4"])]
+    assert sample_lags(groups, 5) == [0, 1, 2, 1]
+    metrics = policy_lag(groups, 5)
+    assert metrics.pop("policy_lag/lagged_fraction") == 0.75
+    assert sorted(metrics.values()) == [0.0, 1.0, 2.0]  # min, mean, max
+    assert policy_lag([lagged_group("a", ["step-5", "step-5"])], 5)["policy_lag/lagged_fraction"] == 0.0
+    # A sample whose lag cannot be known (an engine that reports no version) or that claims newer weights
+    # than the policy's would get the wrong correction: refused, naming the version.
+    for bad in ("None", "step-6"):
+        with pytest.raises(ValueError, match=f"weight version '{bad}', not step-N with N <= 5"):
+            sample_lags([lagged_group("a", ["step-5", bad])], 5)
+
+
+def test_rows_carry_their_lag_to_every_micro_batch() -> None:
+    """build_rows records each sample's lag in group order; splitting over ranks, steps and token-budget
+    micro-batches moves each row's lag with it (row i: advantage i, lag i % 3)."""
+    groups = [lagged_group("a", ["step-3", "step-2"]), lagged_group("b", ["step-1", "step-3"])]
+    algo = AlgoConfig(overlong_buffer_length=2)
+    rows, _ = build_rows(groups, algo, max_response_length=4, pad_token_id=0, trained_step=3)
+    assert rows.lag.tolist() == [0, 1, 2, 0] and rows.any_lagged
+    assert build_rows(groups, algo, max_response_length=4, pad_token_id=0)[0].lag is None
+
+    rows = numbered_rows(WIDTHS)
+    rows.lag = torch.arange(len(WIDTHS)) % 3
+    for rank in range(2):
+        share = split_rows(rows, 2, rank, trainer(steps=2, budget=60))
+        for mb in share.rows.micro_batches(share.all_micro_batch_sizes):
+            assert mb.lag.tolist() == [int(a) % 3 for a in mb.advantages]
 
 
 @pytest.mark.parametrize("overlong_filter", [False, True])
@@ -181,7 +201,31 @@ def test_build_rows_lays_out_rewards_advantages_and_the_overlong_filter(overlong
     assert rows.response_mask.tolist() == [[0, 1, 1, 0], [0, 1, 1, 1], cut_row, [0, 1, 1, 0]]
     torch.testing.assert_close(rows.rollout_log_prob[2], torch.tensor([-0.6, -0.7, -0.8, -0.9]))
     torch.testing.assert_close(rows.rollout_log_prob[1], torch.tensor([0.0, -0.3, -0.4, -0.5]))
-    assert metrics["rollout/overlong_ratio"] == 0.25 and metrics["rollout/reward"] == pytest.approx(0.125)
+    # verl's names: shaped rewards 1, 0.5, -2, 1; scores 1, 1, -1, 1; response lengths 2, 3, 4, 2 (one cut);
+    # prompt lengths 2, 2, 1, 2; advantages weighted by response length: (2h - 3h - 4h + 2h) / 11.
+    assert metrics == pytest.approx(
+        {
+            "critic/score/mean": 0.5,
+            "critic/score/max": 1.0,
+            "critic/score/min": -1.0,
+            "critic/rewards/mean": 0.125,
+            "critic/rewards/max": 1.0,
+            "critic/rewards/min": -2.0,
+            "critic/advantages/mean": -3 * half / 11,
+            "critic/advantages/max": half,
+            "critic/advantages/min": -half,
+            "response_length/mean": 11 / 4,
+            "response_length/max": 4.0,
+            "response_length/min": 2.0,
+            "response_length/clip_ratio": 0.25,
+            "prompt_length/mean": 7 / 4,
+            "prompt_length/max": 2.0,
+            "prompt_length/min": 1.0,
+            "rollout/accuracy": 0.75,
+            "perf/total_num_tokens": 18.0,
+        },
+        abs=1e-4,
+    )
 
 
 def test_an_unfilled_batch_trains_in_as_many_steps_as_give_every_rank_a_row() -> None:

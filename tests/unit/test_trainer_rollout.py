@@ -18,6 +18,7 @@ from dapo_megatron.records import Prompt, Sample
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.trainer.batch import policy_lag, sample_lags
 from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager, UnfilledBatchError
 from dapo_megatron.trainer.config import TrainerConfig
 
@@ -39,6 +40,10 @@ class ScriptedEngine:
         self.generated: Counter[int] = Counter()
         self.completed: Counter[int] = Counter()
         self.aborting = False
+        self.version = "0"
+        """The label of the weights it serves, as the fleet's weight sync sets it; samples carry it."""
+        self.finished_with: dict[int, str] = {}
+        """The version each prompt's group finished with."""
 
     def stream_groups(
         self, prompts: Iterable[tuple[Hashable, Sequence[int]]], *, n: int, **_: object
@@ -57,6 +62,7 @@ class ScriptedEngine:
                 return
             clock, number, key = heapq.heappop(in_flight)
             self.completed[number] += 1
+            self.finished_with[number] = self.version
             yield key, self._samples(key, number, aborted=False)
             if self.aborting:
                 for _, number, key in in_flight:
@@ -68,7 +74,9 @@ class ScriptedEngine:
 
     def _samples(self, key: Hashable, number: int, *, aborted: bool) -> list[Sample]:
         return [
-            Sample(key, i, [number], [int(acc)], [-0.5], "abort" if aborted else "stop", "0", "scripted")
+            Sample(
+                key, i, [number], [int(acc)], [-0.5], "abort" if aborted else "stop", self.version, "scripted"
+            )
             for i, acc in enumerate(self.outcome(number)[1])
         ]
 
@@ -156,6 +164,27 @@ def test_backlog_metrics_and_cost(pool: RewardPool) -> None:
     _, second = rollouts.collect()
     assert second["dynamic_sampling/carried_over"] == carried
     assert second["dynamic_sampling/samples_per_kept"] < first["dynamic_sampling/samples_per_kept"] + 1
+
+
+@pytest.mark.parametrize("mode", ["streaming", "batch_sync"])
+def test_samples_keep_the_weight_version_that_generated_them(pool: RewardPool, mode: str) -> None:
+    """Each step the engine serves the weights pushed after the previous one. A group carries the version it
+    finished with, so one carried over from a step k steps back lags k updates (aborted prompts are generated
+    again, with the new weights). Streaming carries groups over; batch-synchronous (verl's, the paper
+    recipes') never does, so nothing lags."""
+    engine = ScriptedEngine(slots=6, outcome=slow_and_mixed)
+    rollouts = manager(engine, pool, dynamic_sampling_mode=mode)
+    lagged = 0
+    for step in range(1, 6):
+        engine.version = f"step-{step - 1}"
+        groups, _ = rollouts.collect()
+        expected = [step - 1 - int(engine.finished_with[int(g.key)].removeprefix("step-")) for g in groups]
+        assert sample_lags(groups, step - 1) == [lag for lag in expected for _ in range(N)]
+        assert policy_lag(groups, step - 1)["policy_lag/lagged_fraction"] == pytest.approx(
+            sum(lag > 0 for lag in expected) / len(groups)
+        )
+        lagged += sum(lag > 0 for lag in expected)
+    assert (lagged > 0) == (mode == "streaming")
 
 
 def test_cancel_from_another_thread_stops_drawing_and_raises(pool: RewardPool) -> None:
