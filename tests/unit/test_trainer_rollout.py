@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import pytest
 
+from dapo_megatron import config as job_config
 from dapo_megatron.records import Prompt, Sample
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
@@ -185,6 +186,14 @@ def test_samples_keep_the_weight_version_that_generated_them(pool: RewardPool, m
         )
         lagged += sum(lag > 0 for lag in expected)
     assert (lagged > 0) == (mode == "streaming")
+
+
+@pytest.mark.parametrize("size", ["0.5b", "7b", "32b"])
+def test_the_paper_recipes_sample_batch_synchronously(size: str) -> None:
+    """The recipes named after the paper keep its semantics: nothing carried over, nothing generated ahead."""
+    job = job_config.to_job_config(job_config.compose([f"experiment=dapo_qwen2.5_{size}"]))
+    assert job.trainer.dynamic_sampling and job.trainer.dynamic_sampling_mode == "batch_sync"
+    assert not job.trainer.overlap_rollout
 
 
 def test_cancel_from_another_thread_stops_drawing_and_raises(pool: RewardPool) -> None:
