@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -24,12 +25,9 @@ WORKER = Path(__file__).with_name("hf_export_worker.py")
 pytestmark = pytest.mark.distributed
 
 
-def load_tool() -> object:
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import convert_megatron_to_hf
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+def load_tool() -> ModuleType:
+    from dapo_megatron.commands import convert_megatron_to_hf
+
     return convert_megatron_to_hf
 
 

@@ -3,7 +3,6 @@ GPU layouts, the job seed, deterministic inference; and that SGLang's own parser
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,18 +16,13 @@ from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
 from dapo_megatron.rollout.fleet import rollout_config
 from dapo_megatron.rollout.placement import node_engine_gpus
-from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
 def eval_tool() -> ModuleType:
-    """tools/eval.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("eval_tool", REPO / "tools" / "eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["eval_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+    from dapo_megatron.commands import eval as eval_command
+
+    return eval_command
 
 
 def flag(command: list[str], name: str) -> str:

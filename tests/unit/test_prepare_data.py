@@ -3,7 +3,6 @@ parquet where present), a stand-in downloader, overwrite rules."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,23 +11,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from dapo_megatron.commands import prepare_data
 from dapo_megatron.data.datasets import load_examples
 from tests.conftest import REPO, real_data
 from tests.sample_files import PROBLEMS, dapo_rows, gsm8k_rows, write_parquet
 
 TOOL = REPO / "tools" / "prepare_data.py"
-
-
-def load_tool():
-    """Import the script as a module (tools/ is not a package); dataclasses need it in sys.modules."""
-    spec = importlib.util.spec_from_file_location("prepare_data", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-prepare_data = load_tool()
 
 
 class FakeHub:
