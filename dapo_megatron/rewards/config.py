@@ -2,7 +2,9 @@
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+from dapo_megatron.rewards.custom import CustomRewardFunction
 from dapo_megatron.rewards.registry import AUTO, SCORERS
 
 __all__ = ["RewardConfig"]
@@ -36,6 +38,16 @@ class RewardConfig:
     wrong_score: float = -1.0
     """Reward of a wrong, missing, timed-out or crashed answer (DAPO: -1)."""
 
+    function: str | None = None
+    """Your own reward function instead of ``scorer``, as ``module:function`` (importable here and in the
+    reward workers). Its contract: ``rewards.custom``; an example: ``rewards.example``."""
+
+    function_file: str | None = None
+    """Your own reward function's ``.py`` file, instead of ``function``; ``function_name`` names it."""
+
+    function_name: str = "compute_score"
+    """The function in ``function_file`` (verl's default name)."""
+
     def __post_init__(self) -> None:
         choices = [*SCORERS, AUTO]
         if self.scorer not in choices:
@@ -47,8 +59,26 @@ class RewardConfig:
         for name in ("correct_score", "wrong_score"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"reward.{name} must be finite; got {getattr(self, name)}")
+        if self.function is not None and self.function_file is not None:
+            raise ValueError(
+                f"reward.function={self.function} and reward.function_file={self.function_file} name two "
+                "reward functions; keep one"
+            )
+        custom = self.custom_function(resolve=False)  # messages show the path as the user wrote it
+        if custom is not None:
+            custom.load()  # a wrong path or name is reported now, not by every worker at the first batch
         if self.correct_score <= self.wrong_score:
             raise ValueError(
                 "reward.correct_score must be greater than reward.wrong_score; got "
                 f"correct_score={self.correct_score}, wrong_score={self.wrong_score} (swapped?)"
             )
+
+    def custom_function(self, resolve: bool = True) -> CustomRewardFunction | None:
+        """The user's reward function, if one is set (its file resolved against this process's directory,
+        which the workers may not share, unless `resolve` is false)."""
+        if self.function is not None:
+            return CustomRewardFunction(import_path=self.function)
+        if self.function_file is not None:
+            file = Path(self.function_file).resolve() if resolve else Path(self.function_file)
+            return CustomRewardFunction(file=str(file), name=self.function_name)
+        return None

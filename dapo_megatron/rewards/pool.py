@@ -141,13 +141,16 @@ class RewardPool:
 
     Args:
         config: worker count, timeout and the correct/wrong scores.
-        score_fn: grading function; defaults to :func:`~dapo_megatron.rewards.registry.score_sample`
-            with ``config``.
+        score_fn: grading function; defaults to the user's ``config.function`` / ``config.function_file``
+            if set (:mod:`~dapo_megatron.rewards.custom`), else
+            :func:`~dapo_megatron.rewards.registry.score_sample` with ``config``.
     """
 
     def __init__(self, config: RewardConfig, score_fn: ScoreFn | None = None) -> None:
         self._config = config
-        self._score_fn: ScoreFn = score_fn or functools.partial(score_sample, config=config)
+        self._score_fn: ScoreFn = (
+            score_fn or config.custom_function() or functools.partial(score_sample, config=config)
+        )
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         self._context = multiprocessing.get_context(method)
         self._workers: list[_Worker] = []
