@@ -5,17 +5,19 @@ Layout on disk (Megatron-LM's convention, so its tools recognise it):
     <root>/latest_checkpointed_iteration.txt     the step of the newest complete checkpoint
     <root>/iter_0000100/                         torch_dist shards (.metadata, __*.distcp, common.pt)
     <root>/iter_0000100/dapo_model.json          the ModelConfig the weights belong to
-    <root>/iter_0000100/rank_00000.pt            training checkpoints: each rank's optimizer, LR
-                                                 schedule and RNG states (resume in the same layout)
+    <root>/iter_0000100/rank_00000.pt            training checkpoints: each rank's RNG states (restored
+                                                 in the same layout only)
     <root>/iter_0000100/trainer_state.pt         training checkpoints: step, data position, dynamic-sampling
                                                  backlog
     <root>/iter_0000100/dapo_manifest.json       written last: every file's size, and a SHA-256 of the small
                                                  ones
 
 torch_dist stores every tensor by its global shape, so a checkpoint written under one TP x PP layout
-loads under any other. A step directory is written under a temporary name and renamed once every
-rank has finished, and the tracker is updated last: a job killed mid-save leaves the previous
-checkpoint intact. Files, directories and the tracker are fsynced before they are relied on.
+loads under any other. Training checkpoints store the optimizer there too, under the `training` key (Adam's
+moments and fp32 masters by their parameters' global keys, beside the LR schedule), so a resume may change
+TP, PP and DP; only the RNG states are per rank. A step directory is written under a temporary name and
+renamed once every rank has finished, and the tracker is updated last: a job killed mid-save leaves the
+previous checkpoint intact. Files, directories and the tracker are fsynced before they are relied on.
 
 A checkpoint is trusted only after it is verified against its manifest (one without a manifest, such as
 tools/convert_hf_to_megatron.py output, needs its `.metadata`). Resolving a checkpoint root follows the
@@ -30,12 +32,13 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import logging
 import os
 import re
 import shutil
-import sys
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -45,9 +48,33 @@ from dapo_megatron.models.weights import unwrap_model
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
 
+log = logging.getLogger(__name__)
+
+
+def install_warning_filters() -> None:
+    """Loading a torch_dist checkpoint through megatron-core 0.16 / torch 2.13 repeats these deprecations once
+    per tensor: they concern APIs megatron-core calls, not ours, and would fill a resumed job's first screen.
+    Only these messages from those modules are silenced."""
+    warnings.filterwarnings(
+        "ignore",
+        message="`load_state_dict` is deprecated",
+        category=FutureWarning,
+        module=r"megatron\.core\.dist_checkpointing",
+    )
+    warnings.filterwarnings(
+        "ignore",
+        message="Please use DTensor instead and we are deprecating ShardedTensor",
+        category=FutureWarning,
+        module=r"torch\.distributed\.checkpoint",
+    )
+
+
+install_warning_filters()
+
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG_FILE = "dapo_model.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
+TRAINING_KEY = "training"
 MANIFEST_FILE = "dapo_manifest.json"
 _CHECKSUM_MAX_BYTES = (
     16 << 20
@@ -58,6 +85,27 @@ _TRACKER_TEXT = re.compile(
 )  # the newline is written with the step: without it the file was cut short
 
 
+class Resumable(Protocol):
+    """What a training checkpoint saves besides the model (`trainer.actor.Actor`)."""
+
+    def sharded_state_dict(self, model_state: dict[str, Any], *, is_loading: bool = False) -> dict[str, Any]:
+        """Optimizer and schedule state as a sharded state dict keyed by `model_state`'s tensors."""
+        ...
+
+    def check_loadable(self, saved: dict[str, Any]) -> None:
+        """Raise ValueError, naming the setting to change, when the state saved (its non-tensor part)
+        cannot load into this one."""
+        ...
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's state that only the same layout can restore (RNG)."""
+        ...
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 def step_dir(root: Path | str, step: int) -> Path:
     return Path(root) / f"iter_{step:07d}"
 
@@ -65,8 +113,8 @@ def step_dir(root: Path | str, step: int) -> Path:
 def resolve(path: Path | str) -> Path:
     """A verified torch_dist directory from either itself or a checkpoint root.
 
-    For a root, the tracker's checkpoint if it verifies, else the newest one that does (with a message on
-    stderr naming what was skipped and why).
+    For a root, the tracker's checkpoint if it verifies, else the newest one that does (with a warning
+    naming what was skipped and why).
 
     Raises:
         ValueError: `path` is a checkpoint directory that fails verification.
@@ -88,11 +136,7 @@ def resolve(path: Path | str) -> Path:
         problem = verify(directory)
         if problem is None:
             if skipped:
-                print(
-                    f"checkpoint: using {directory}; skipped: " + "; ".join(skipped),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                log.warning("checkpoint: using %s; skipped: %s", directory, "; ".join(skipped))
             return directory
         skipped.append(f"{directory.name} ({problem})")
     if not skipped and not (path / TRACKER_FILE).exists():
@@ -165,13 +209,13 @@ def save_model(
     model_cfg: ModelConfig,
     layout: ParallelLayout,
     *,
-    rank_state: dict[str, Any] | None = None,
+    training: Resumable | None = None,
     shared_state: dict[str, Any] | None = None,
     keep_last: int = 0,
     keep_every: int = 0,
 ) -> Path:
-    """Collective: write checkpoint `step` under `root`: the model's shards (torch_dist), and optionally
-    this rank's training state (`rank_state`: optimizer, scheduler, RNG; resumable in the same layout)
+    """Collective: write checkpoint `step` under `root`: the model's shards (torch_dist), optionally the
+    `training` state (optimizer and schedule in the same torch_dist checkpoint, each rank's RNG beside it)
     and rank 0's `shared_state` (step, data position, dynamic-sampling backlog). Once it is complete,
     older checkpoints are pruned per `keep_last` / `keep_every` (see `prune`; 0: keep all)."""
     from megatron.core import dist_checkpointing
@@ -182,10 +226,14 @@ def save_model(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     torch.distributed.barrier()
-    dist_checkpointing.save(unwrap_model(model).sharded_state_dict(), str(partial))
-    if rank_state is not None:
+    model_state = unwrap_model(model).sharded_state_dict()
+    state = dict(model_state)
+    if training is not None:
+        state[TRAINING_KEY] = training.sharded_state_dict(model_state)
+    dist_checkpointing.save(state, str(partial))
+    if training is not None:
         rank_file = partial / f"rank_{layout.rank:05d}.pt"
-        torch.save({"layout": _layout_key(layout), **rank_state}, rank_file)
+        torch.save({"layout": _layout_key(layout), **training.rank_state_dict()}, rank_file)
         _fsync(rank_file)
     torch.distributed.barrier()
     if layout.rank == 0:
@@ -238,24 +286,61 @@ def prune(root: Path | str, newest: int, *, keep_last: int, keep_every: int = 0)
     return deleted
 
 
-def load_training_state(path: Path | str, layout: ParallelLayout) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(this rank's state, the shared state) saved with `save_model`. The per-rank part resumes only in
-    the layout it was written from."""
+def load_training_state(
+    model: torch.nn.Module, path: Path | str, layout: ParallelLayout, training: Resumable
+) -> dict[str, Any]:
+    """Collective: restore `training` from checkpoint `path` (saved with `save_model`; load the model
+    first) under this job's layout, whatever the saved one. Each rank's RNG states come back only in the
+    layout they were saved from (the first rank says when they do not). Returns the shared state."""
+    from megatron.core import dist_checkpointing
+
     directory = resolve(path)
-    rank_file = directory / f"rank_{layout.rank:05d}.pt"
-    if not rank_file.exists():
+    require_training_state(directory)
+    rank_state, shared = read_training_files(directory, layout)
+    training.check_loadable(dist_checkpointing.load_common_state_dict(str(directory))[TRAINING_KEY])
+    template = training.sharded_state_dict(unwrap_model(model).sharded_state_dict(), is_loading=True)
+    loaded = dist_checkpointing.load({TRAINING_KEY: template}, str(directory))
+    training.load_sharded_state_dict(loaded[TRAINING_KEY])
+    if rank_state is not None:
+        training.load_rank_state_dict(rank_state)
+    return shared
+
+
+def require_training_state(directory: Path) -> None:
+    """Refuse, naming the way on, a checkpoint without a resumable optimizer: a model-only one, or one
+    whose optimizer state was written per rank by an earlier version of this project."""
+    rank_files = sorted(directory.glob("rank_*.pt"))
+    weights_only = f"start from its weights alone with trainer.load={directory} trainer.resume=never"
+    if not rank_files:
         raise FileNotFoundError(
-            f"{directory} holds no training state for rank {layout.rank}: it is a model-only "
-            "checkpoint, or was written by a job with fewer ranks"
+            f"{directory} holds no training state (a model-only checkpoint): {weights_only}"
         )
-    rank_state = _load_state(rank_file)
-    saved = rank_state.pop("layout")
-    if saved != _layout_key(layout):
+    if "optimizer" in _load_state(rank_files[0], mmap=True):  # mapped: an old file holds a rank's moments
         raise ValueError(
-            f"{directory} was written under layout {saved}; this job runs {_layout_key(layout)}. "
-            "Optimizer state resumes only in the same layout: relaunch with that layout, or start "
-            "from the model alone with trainer.load=<dir> trainer.resume=never"
+            f"{directory} keeps its optimizer state in per-rank files, the format of earlier versions of "
+            f"dapo_megatron: resume it with the version that wrote it (same layout), or {weights_only} "
+            "(Adam's moments restart from zero)"
         )
+
+
+def read_training_files(
+    directory: Path, layout: ParallelLayout
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(this rank's state, None unless it was saved under this very layout; the shared state), read without
+    running pickled code."""
+    rank_file = directory / f"rank_{layout.rank:05d}.pt"
+    rank_state = _load_state(rank_file) if rank_file.exists() else None
+    saved = None if rank_state is None else rank_state.pop("layout")
+    if saved != _layout_key(layout):
+        if layout.rank == 0:
+            log.warning(
+                "checkpoint: %s was written under layout %s, this job runs %s: model and optimizer "
+                "reshard, RNG states start afresh",
+                directory,
+                saved,
+                _layout_key(layout),
+            )
+        rank_state = None
     return rank_state, _load_state(directory / TRAINER_STATE_FILE)
 
 
@@ -283,10 +368,10 @@ def _allowed_types(file: Path) -> list[Any]:
     return allowed
 
 
-def _load_state(file: Path) -> dict[str, Any]:
+def _load_state(file: Path, *, mmap: bool = False) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals(_allowed_types(file)):
-            return torch.load(file, weights_only=True)
+            return torch.load(file, weights_only=True, mmap=mmap)
     except Exception as error:
         raise ValueError(f"cannot read {file}: {type(error).__name__}: {str(error)[:500]}") from error
 
@@ -302,6 +387,7 @@ def load_model(model: torch.nn.Module, path: Path | str) -> Path:
     directory = resolve(path)
     inner = unwrap_model(model)
     state = dist_checkpointing.load(inner.sharded_state_dict(), str(directory))
+    state.pop(TRAINING_KEY, None)  # the optimizer's non-tensor state, which every load returns
     inner.load_state_dict(state)
     return directory
 

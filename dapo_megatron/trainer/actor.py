@@ -24,7 +24,11 @@ from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.records import PolicyMicroBatch, PolicyRows
 from dapo_megatron.trainer.forward import LossFn, run_schedule
-from dapo_megatron.trainer.optimizer import load_optimizer_state, sharded_optimizer_state
+from dapo_megatron.trainer.optimizer import (
+    check_optimizer_kind,
+    load_optimizer_state,
+    sharded_optimizer_state,
+)
 
 
 def micro_batch_sizes(rows: int, micro_batch_size: int | Sequence[int]) -> list[int]:
@@ -239,6 +243,9 @@ class Actor:
             "optimizer": sharded_optimizer_state(self.optimizer, model_state, is_loading=is_loading),
             "scheduler": self.scheduler.state_dict(),
         }
+
+    def check_loadable(self, saved: dict[str, Any]) -> None:
+        check_optimizer_kind(self.optimizer, saved["optimizer"])
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         load_optimizer_state(self.optimizer, state["optimizer"])

@@ -83,9 +83,30 @@ def warmup_optimizer_steps(optim: OptimConfig, optimizer_steps_per_rollout_step:
     return optim.lr_warmup_rollout_steps * optimizer_steps_per_rollout_step
 
 
+def sharded_optimizer_state(
+    optimizer: MegatronOptimizer, model_state: dict[str, Any], *, is_loading: bool = False
+) -> dict[str, Any]:
+    """The optimizer's state as a `dist_checkpointing` sharded state dict, keyed by the global tensors of
+    `model_state` (the unwrapped model's `sharded_state_dict()`), so it saves and loads under any
+    TP x PP x DP layout. `is_loading`: a template to load into (allocates state a fresh optimizer lacks)."""
+    if is_loading:
+        _allocate_distributed_state(optimizer)
+    return optimizer.sharded_state_dict(model_state, is_loading, metadata=dict(_SHARDED_METADATA))
+
+
+# The distributed optimizer saves in 'fully_reshardable' form: its shards are gathered over DP and stored
+# as tensors of each parameter's shape under that parameter's key, which TP, PP and DP may all change.
+# 'dp_reshardable' keeps megatron's bucket layout (DP alone may change), and megatron's default
+# 'fully_sharded_model_space' needs flattened tensors, which torch_dist no longer writes in 0.16.1.
+_SHARDED_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+
+
 def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
-    """`optimizer.load_state_dict(state)`, refusing with the config field to set when the checkpoint's
-    optimizer split the parameters differently into decayed and exempt ones (optim.decay_all_parameters)."""
+    """`optimizer.load_state_dict(state)` (the loaded `sharded_optimizer_state`), refusing with the config
+    field to set when the checkpoint's optimizer split the parameters differently into decayed and exempt
+    ones (optim.decay_all_parameters)."""
+    import torch
+
     saved, current = _exempts_some(state), _exempts_some({"param_groups": optimizer.param_groups})
     if saved != current:
         raise ValueError(
@@ -93,7 +114,65 @@ def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
             f"from weight decay, this run's {'exempts' if current else 'decays'} them: resume with "
             f"optim.decay_all_parameters={str(not saved).lower()}"
         )
-    optimizer.load_state_dict(state)
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    # megatron-core 0.16.1 copies every entry of a parameter's torch-Adam state from the checkpoint,
+    # `step` included, which its model-space tensors do not have (Apex/TE keep it in the param groups):
+    # the distributed parts' tensors are loaded here, around the step counters.
+    deferred = [
+        (part, part_state.pop("param_state"), part_state.pop("param_state_sharding_type"))
+        for part, part_state in zip(parts, _part_states(state, len(parts)), strict=True)
+        if part in _distributed_parts(optimizer) and _torch_adam(part) and "param_state" in part_state
+    ]
+    with torch.no_grad():  # the fp32 masters are leaves that require grad; megatron copies into them in place
+        optimizer.load_state_dict(state)
+        for part, param_state, sharding_type in deferred:
+            if sharding_type != _SHARDED_METADATA["distrib_optim_sharding_type"]:
+                raise ValueError(f"unexpected distributed optimizer sharding type {sharding_type!r}")
+            steps = {param: entry.pop("step") for param, entry in part.optimizer.state.items()}
+            part.load_parameter_state_from_fully_reshardable(param_state)
+            for param, step in steps.items():
+                part.optimizer.state[param]["step"] = step
+    # With torch's AdamW (no Apex/TE, e.g. on CPU) megatron-core 0.16.1's distributed optimizer hands every
+    # parameter the same `step` tensor, which AdamW then increments once per parameter: the bias correction
+    # would count parameters instead of steps. Each parameter gets its own counter.
+    for part in parts:
+        for param_state in part.optimizer.state.values():
+            if isinstance(param_state.get("step"), torch.Tensor):
+                param_state["step"] = param_state["step"].clone()
+
+
+def check_optimizer_kind(optimizer: MegatronOptimizer, saved: Any) -> None:
+    """Refuse, naming the config field, a checkpoint whose optimizer (`saved`: its non-tensor state) was
+    written with the other parallel.use_distributed_optimizer setting: the two store different tensors."""
+    saved_distributed, distributed = (
+        _holds_key(saved, "param_state_sharding_type"),
+        bool(_distributed_parts(optimizer)),
+    )
+    if saved_distributed != distributed:
+        raise ValueError(
+            "the checkpoint's optimizer state was written with parallel.use_distributed_optimizer="
+            f"{str(saved_distributed).lower()}, this run has {str(distributed).lower()}: resume with "
+            f"parallel.use_distributed_optimizer={str(saved_distributed).lower()}"
+        )
+
+
+def _holds_key(state: Any, key: str) -> bool:
+    if isinstance(state, dict):
+        return key in state or any(_holds_key(value, key) for value in state.values())
+    return isinstance(state, list) and any(_holds_key(value, key) for value in state)
+
+
+def _part_states(state: Any, count: int) -> list[Any]:
+    """The state of each optimizer of a chain, as ChainedOptimizer.load_state_dict splits it."""
+    if count == 1:
+        return [state]
+    return [value for _, value in sorted(state.items())] if isinstance(state, dict) else list(state)
+
+
+def _torch_adam(part: Any) -> bool:
+    import torch
+
+    return isinstance(part.optimizer, torch.optim.Adam | torch.optim.AdamW)
 
 
 def _exempts_some(state: Any) -> bool:
@@ -136,49 +215,17 @@ def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch
     return ddp
 
 
-def parameter_state(optimizer: MegatronOptimizer) -> list[dict[str, Any]]:
-    """The distributed optimizer's parameter state on this rank: fp32 master shards and Adam moments.
+def _allocate_distributed_state(optimizer: MegatronOptimizer) -> None:
+    """Give a fresh distributed optimizer over torch's Adam its state tensors (step 0, to be overwritten).
 
-    `optimizer.state_dict()` leaves these out for megatron's distributed optimizer (they are sharded over
-    data parallel and megatron saves them separately); without them a resume restarts Adam from zero
-    moments and the masters from the bf16 weights. One entry per distributed optimizer in the chain, in
-    megatron's bucket layout: restorable into the same model and layout. Empty without ZeRO-1.
-    """
-    states = []
+    Its sharded_state_dict reads its own state_dict(), which with torch's Adam (no Apex/TE) requires one
+    `step` shared by every parameter's state: before the first step there is none, and loading fails."""
+
     for part in _distributed_parts(optimizer):
-        state = part.get_parameter_state_dp_reshardable()
-        # The loader skips alignment padding entries by a flag that only megatron's sharded-checkpoint
-        # path sets; every entry here is a real parameter.
-        for key, by_dtype in state.items():
-            if isinstance(key, int):
-                for buckets in by_dtype.values():
-                    for bucket in buckets:
-                        for entry in bucket:
-                            entry["padding"] = False
-        states.append(state)
-    return states
-
-
-def load_parameter_state(optimizer: MegatronOptimizer, states: list[dict[str, Any]]) -> None:
-    """Inverse of `parameter_state`; call after `optimizer.load_state_dict`, which allocates the state."""
-    parts = _distributed_parts(optimizer)
-    if len(parts) != len(states):
-        raise ValueError(
-            f"the checkpoint holds parameter state for {len(states)} distributed optimizer(s), this "
-            f"run has {len(parts)}: resume with the parallel.use_distributed_optimizer setting (and "
-            "layout) the checkpoint was written with"
-        )
-    import torch
-
-    with torch.no_grad():  # the masters are leaves that require grad; megatron copies into them in place
-        for part, state in zip(parts, states, strict=True):
-            part.load_parameter_state_from_dp_reshardable(state)
-            # With torch's AdamW (no Apex/TE, e.g. on CPU) megatron-core 0.16.1's load_state_dict hands every
-            # parameter the same `step` tensor, which AdamW then increments once per parameter: the bias
-            # correction would count parameters instead of steps. Each parameter gets its own counter.
-            for param_state in part.optimizer.state.values():
-                if isinstance(param_state.get("step"), torch.Tensor):
-                    param_state["step"] = param_state["step"].clone()
+        if len(part.optimizer.state) or not _torch_adam(part):
+            continue
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "step": 0} for g in part.param_groups]
+        part.load_state_dict({"optimizer": {"param_groups": groups}})
 
 
 def _distributed_parts(optimizer: MegatronOptimizer) -> list[Any]:

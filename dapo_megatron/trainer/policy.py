@@ -18,6 +18,8 @@ class Policy:
     def __init__(self, job: JobConfig, layout: ParallelLayout) -> None:
         self.job, self.layout = job, layout
         self.checkpoints = Path(job.output_dir) / "checkpoints"
+        self.resumed_from: Path | None = None
+        """The checkpoint directory `load_initial_state` resumed from."""
         self.model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
         optimizer, scheduler = build_optimizer(
             self.model, job.optim, job.parallel, job.model, job.trainer.optimizer_steps
@@ -43,9 +45,8 @@ class Policy:
         elif resume not in ("auto", "never"):
             path = Path(resume)
         if path is not None:
-            directory = checkpoint.load_model(self.model, path)
-            rank_state, shared = checkpoint.load_training_state(directory, self.layout)
-            self.actor.load_state_dict(rank_state)
+            directory = self.resumed_from = checkpoint.load_model(self.model, path)
+            shared = checkpoint.load_training_state(self.model, directory, self.layout, self.actor)
             return shared["step"], shared
         if self.job.trainer.load:
             checkpoint.load_model(self.model, self.job.trainer.load)
@@ -54,8 +55,8 @@ class Policy:
         return 0, None
 
     def save(self, step: int, rollout_state: dict[str, Any] | None) -> Path:
-        """A checkpoint of step `step`: the model, every rank's optimizer and RNG states, and the driving
-        rank's `rollout_state` (None elsewhere) beside the step."""
+        """A checkpoint of step `step`: the model, the optimizer and schedule (resumable under any layout),
+        every rank's RNG states, and the driving rank's `rollout_state` (None elsewhere) beside the step."""
         shared = None if rollout_state is None else {"step": step, **rollout_state}
         return checkpoint.save_model(
             self.model,
@@ -63,7 +64,7 @@ class Policy:
             step,
             self.job.model,
             self.layout,
-            rank_state=self.actor.state_dict(),
+            training=self.actor,
             shared_state=shared,
             keep_last=self.job.trainer.keep_last_checkpoints,
             keep_every=self.job.trainer.keep_checkpoint_every,

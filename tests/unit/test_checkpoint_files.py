@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dapo_megatron import checkpoint
+from dapo_megatron.distributed.layout import ParallelLayout
 
 
 def make_checkpoint(root: Path, step: int, *, manifest: bool = True) -> Path:
@@ -24,7 +25,7 @@ def make_checkpoint(root: Path, step: int, *, manifest: bool = True) -> Path:
 
 
 def test_empty_or_cut_tracker_falls_back_to_the_newest_complete_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_checkpoint(tmp_path, 1)
     newest = make_checkpoint(tmp_path, 10)
@@ -32,13 +33,14 @@ def test_empty_or_cut_tracker_falls_back_to_the_newest_complete_checkpoint(
     for text in ("", "1", "1\x00"):  # empty, "10\n" cut to "1", garbage
         tracker.write_text(text)
         assert checkpoint.resolve(tmp_path) == newest
-        assert f"skipped: {checkpoint.TRACKER_FILE}" in capsys.readouterr().err
+        assert f"skipped: {checkpoint.TRACKER_FILE}" in caplog.text
+        caplog.clear()
     tracker.write_text("1\n")  # a complete tracker is followed, even to an older checkpoint
     assert checkpoint.resolve(tmp_path) == checkpoint.step_dir(tmp_path, 1)
 
 
 def test_a_truncated_trainer_state_is_skipped_with_its_reason(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     older = make_checkpoint(tmp_path, 5)
     damaged = make_checkpoint(tmp_path, 10)
@@ -48,7 +50,7 @@ def test_a_truncated_trainer_state_is_skipped_with_its_reason(
     assert checkpoint.resolve(tmp_path) == older
     assert (
         f"iter_0000010 ({checkpoint.TRAINER_STATE_FILE} has 100 bytes, the manifest says"
-        in capsys.readouterr().err
+        in caplog.text
     )
     with pytest.raises(ValueError, match="iter_0000010 is incomplete or damaged"):
         checkpoint.resolve(damaged)  # named explicitly: no silent substitute
@@ -132,11 +134,10 @@ class _RunsCode:
         return (Path.touch, (self.marker,))
 
 
-def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> None:
+def one_rank_layout() -> ParallelLayout:
     from dapo_megatron.distributed.layout import ParallelLayout
 
-    directory = make_checkpoint(tmp_path, 2, manifest=False)
-    layout = ParallelLayout(
+    return ParallelLayout(
         world_size=1,
         rank=0,
         local_rank=0,
@@ -152,11 +153,28 @@ def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> No
         device=torch.device("cpu"),
         backend="gloo",
     )
+
+
+def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path, 2, manifest=False)
     marker = tmp_path / "code_ran"
     torch.save({"layout": None, "payload": _RunsCode(marker)}, directory / "rank_00000.pt")
     with pytest.raises(ValueError, match=r"cannot read .*rank_00000\.pt: UnpicklingError"):
-        checkpoint.load_training_state(directory, layout)
+        checkpoint.read_training_files(directory, one_rank_layout())
     assert not marker.exists()
+
+
+def test_a_resume_refuses_model_only_and_per_rank_optimizer_checkpoints(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path, 2, manifest=False)
+    with pytest.raises(FileNotFoundError, match=r"model-only checkpoint\): start from its weights alone with "):
+        checkpoint.require_training_state(directory)
+    # What earlier versions wrote per rank: the optimizer's state_dict beside the RNG states.
+    legacy = {"layout": {"world": 1}, "optimizer": {"state": {0: {"exp_avg": torch.zeros(3)}}}, "rng": {}}
+    torch.save(legacy, directory / "rank_00000.pt")
+    with pytest.raises(ValueError, match=r"per-rank files, the format of earlier .* trainer\.resume=never"):
+        checkpoint.require_training_state(directory)
+    torch.save({"layout": {"world": 1}, "rng": {}}, directory / "rank_00000.pt")
+    checkpoint.require_training_state(directory)
 
 
 def test_training_state_round_trips_rng_state_and_package_records(tmp_path: Path) -> None:
