@@ -1,83 +1,167 @@
-"""Exact resume of the policy update (run under torchrun): optimizer, LR schedule and RNG states.
+"""Resume of the policy update (run under torchrun): optimizer, LR schedule and RNG states.
 
 `--mode continuous` trains 4 DAPO steps, checkpointing after steps 1 and 2 (keeping the last one);
 `--mode resume` starts from other weights, loads that checkpoint and trains steps 3-4. Each step draws its
 advantages from torch's global RNG, so a resume that forgot the RNG state would train on different data.
 Rank 0 writes the losses and the final full weights.
+
+`--mode reshard` resumes under another layout, for each case of `RESHARD_CASES` in this one job (the
+model-parallel groups are rebuilt between phases; each phase builds its own model and optimizer):
+A trains steps 1-2 under layout X and checkpoints; B loads that checkpoint under layout Y and trains step 3;
+C trains steps 1-3 under layout Y from A's initial weights, uninterrupted; B' is B with Adam's moments
+zeroed after loading (what a resume that lost them would do). Advantages come from a generator seeded by
+the step, the same in every layout. Rank 0 writes every phase's final full weights.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 from equivalence_worker import dapo_rows, model_config
 
+# (name, layout X, layout Y) as ParallelConfig keyword arguments, for two processes.
+RESHARD_CASES = (
+    (
+        "zero1_dp2_to_tp2",
+        {"use_distributed_optimizer": True},
+        {"tensor_model_parallel_size": 2, "use_distributed_optimizer": True},
+    ),
+    ("tp2_to_pp2", {"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}),
+)
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["continuous", "resume"], required=True)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--distributed-optimizer", action="store_true")
-    parser.add_argument("--dir", required=True)
-    args = parser.parse_args()
-    root = Path(args.dir)
 
-    from dapo_megatron import checkpoint
+def build(parallel_kwargs: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
+    """(layout, DDP-wrapped model, actor) under a fresh set of model-parallel groups."""
+    from megatron.core import parallel_state
+
     from dapo_megatron.algo.config import AlgoConfig
     from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.distributed.layout import initialize, shutdown
+    from dapo_megatron.distributed.layout import initialize
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import gather_full_state
-    from dapo_megatron.records import PolicyRows
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
     cfg = model_config()
-    parallel = ParallelConfig(
-        pipeline_model_parallel_size=args.pp, use_distributed_optimizer=args.distributed_optimizer
-    )
-    layout = initialize(parallel, seed=7 if args.mode == "continuous" else 8)
+    parallel = ParallelConfig(**parallel_kwargs)
+    layout = initialize(parallel, seed=seed)
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     # Two optimizer steps per step below: the 6-step warm-up spans the checkpoint of step 2.
     optimizer, scheduler = build_optimizer(
         model, OptimConfig(lr=1e-3, lr_warmup_rollout_steps=3, weight_decay=0.1), parallel, cfg, 2
     )
-    actor = Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
-    batch = dapo_rows()
+    return layout, model, Actor(model, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
 
+
+def train_step(actor: Any, layout: Any, step: int, *, seeded: bool) -> float:
+    """One DAPO step: two optimizer steps of 4 rows each, every DP rank taking its share of them."""
+    from dapo_megatron.records import PolicyRows
+
+    batch = dapo_rows()
+    generator = torch.Generator().manual_seed(step) if seeded else None
+    rows = PolicyRows(
+        tokens=batch["tokens"],
+        response_mask=batch["mask"],
+        advantages=torch.randn(len(batch["mask"]), generator=generator),
+    )
+    rows.old_log_prob = actor.compute_log_probs(rows, micro_batch_size=4)
+    share = 4 // layout.dp_size
+    loss = 0.0
+    for start in (0, 4):
+        mine = start + layout.dp_rank * share
+        loss += actor.train_step(rows.subset(slice(mine, mine + share)), micro_batch_size=2)["loss"]
+    return loss
+
+
+def exact_resume(mode: str, parallel_kwargs: dict[str, Any], root: Path) -> None:
+    from dapo_megatron import checkpoint
+    from dapo_megatron.models.weights import gather_full_state
+
+    layout, model, actor = build(parallel_kwargs, seed=7 if mode == "continuous" else 8)
     first = 1
-    if args.mode == "resume":
+    if mode == "resume":
         checkpoint.load_model(model, root / "checkpoints")
-        rank_state, shared = checkpoint.load_training_state(root / "checkpoints", layout)
-        actor.load_state_dict(rank_state)
-        first = shared["step"] + 1
+        first = checkpoint.load_training_state(model, root / "checkpoints", layout, actor)["step"] + 1
     losses = {}
     for step in range(first, 5):
-        rows = PolicyRows(
-            tokens=batch["tokens"], response_mask=batch["mask"], advantages=torch.randn(len(batch["mask"]))
-        )
-        rows.old_log_prob = actor.compute_log_probs(rows, micro_batch_size=4)
-        losses[step] = actor.train_step(rows.subset(slice(0, 4)), micro_batch_size=2)["loss"]
-        losses[step] += actor.train_step(rows.subset(slice(4, 8)), micro_batch_size=2)["loss"]
-        if (
-            args.mode == "continuous" and step <= 2
-        ):  # keep_last=1: step 1's checkpoint goes once step 2's is complete
+        losses[step] = train_step(actor, layout, step, seeded=False)
+        # keep_last=1: step 1's checkpoint goes once step 2's is complete
+        if mode == "continuous" and step <= 2:
             checkpoint.save_model(
                 model,
                 root / "checkpoints",
                 step,
-                cfg,
+                model_config(),
                 layout,
-                rank_state=actor.state_dict(),
+                training=actor,
                 shared_state={"step": step},
                 keep_last=1,
             )
-    weights = gather_full_state(model, cfg, layout)
+    weights = gather_full_state(model, model_config(), layout)
     if layout.rank == 0:
-        torch.save({"losses": losses, "weights": weights}, root / f"{args.mode}.pt")
+        torch.save({"losses": losses, "weights": weights}, root / f"{mode}.pt")
+
+
+def reshard(root: Path) -> None:
+    from dapo_megatron import checkpoint
+    from dapo_megatron.models.weights import gather_full_state
+
+    results = {}
+    for name, before, after in RESHARD_CASES:
+        case = root / name
+        layout, model, actor = build(before, seed=7)
+        checkpoint.save_model(model, case / "init", 0, model_config(), layout)
+        for step in (1, 2):
+            train_step(actor, layout, step, seeded=True)
+        checkpoint.save_model(
+            model, case / "checkpoints", 2, model_config(), layout, training=actor, shared_state={"step": 2}
+        )
+        weights = {}
+        for phase in ("resumed", "moments_reset", "uninterrupted"):
+            layout, model, actor = build(after, seed=8)
+            if phase == "uninterrupted":
+                checkpoint.load_model(model, case / "init")
+                steps = [1, 2, 3]
+            else:
+                checkpoint.load_model(model, case / "checkpoints")
+                shared = checkpoint.load_training_state(model, case / "checkpoints", layout, actor)
+                steps = [shared["step"] + 1]
+            if phase == "moments_reset":
+                for part in actor.optimizer.chained_optimizers:  # the moments a lossy resume drops
+                    for state in part.optimizer.state.values():
+                        state["exp_avg"].zero_()
+                        state["exp_avg_sq"].zero_()
+            for step in steps:
+                train_step(actor, layout, step, seeded=True)
+            weights[phase] = gather_full_state(model, model_config(), layout)
+        results[name] = weights
+    if layout.rank == 0:
+        torch.save(results, root / "reshard.pt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["continuous", "resume", "reshard"], required=True)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--dir", required=True)
+    args = parser.parse_args()
+
+    from dapo_megatron.distributed.layout import shutdown
+
+    if args.mode == "reshard":
+        reshard(Path(args.dir))
+    else:
+        parallel = {
+            "pipeline_model_parallel_size": args.pp,
+            "use_distributed_optimizer": args.distributed_optimizer,
+        }
+        exact_resume(args.mode, parallel, Path(args.dir))
     shutdown()
 
 
