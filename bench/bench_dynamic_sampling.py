@@ -28,6 +28,8 @@ from pathlib import Path
 
 from trainer_runs import DEMO_BASE, describe, ensure_base, fmt, ratio, spread, task_seed, train_run
 
+from dapo_megatron.trainer.evaluate import eval_accuracy
+
 MODES = ("streaming", "batch_sync")
 
 
@@ -49,7 +51,7 @@ def run_mode(mode: str, args: argparse.Namespace, scratch: Path) -> dict[str, ob
     ]
     records = [r.metrics for r in train_run(overrides, scratch / mode, timeout=args.timeout)]
     steps = [r for r in records if r["step"] > 0 and "dynamic_sampling/samples_per_kept" in r]
-    evals = [r for r in records if "eval/accuracy" in r]
+    evals = [accuracy for r in records if (accuracy := eval_accuracy(r)) is not None]
     per_step = [r["dynamic_sampling/samples_per_kept"] for r in steps]
     return {
         "samples_per_kept": spread(per_step),
@@ -57,8 +59,8 @@ def run_mode(mode: str, args: argparse.Namespace, scratch: Path) -> dict[str, ob
         "samples_per_kept_per_step": per_step,
         "keep_ratio": spread([r["dynamic_sampling/keep_ratio"] for r in steps]),
         "gen_seconds": spread([r["timing_s/gen"] for r in steps]),
-        "eval_accuracy_before": evals[0]["eval/accuracy"],
-        "eval_accuracy_after": evals[-1]["eval/accuracy"],
+        "eval_accuracy_before": evals[0],
+        "eval_accuracy_after": evals[-1],
     }
 
 

@@ -85,6 +85,8 @@ from trainer_runs import (
     train_run,
 )
 
+from dapo_megatron.trainer.evaluate import eval_accuracy
+
 LARGE_MODEL = (
     "model.hidden_size=512",
     "model.num_layers=10",
@@ -250,25 +252,25 @@ def ours(
     steps, evals, eval_s = [], [], 0.0
     for record in records:
         m = record.metrics
-        eval_s += m.get("timing_s/eval", 0.0)
-        if "eval/accuracy" in m:
-            evals.append((int(m["step"]), m["eval/accuracy"], record.seconds - eval_s))
+        eval_s += m.get("timing_s/testing", 0.0)
+        if (accuracy := eval_accuracy(m)) is not None:
+            evals.append((int(m["step"]), accuracy, record.seconds - eval_s))
         if m["step"] > 0 and "timing_s/step" in m:
-            seconds = m["timing_s/step"] - m.get("timing_s/eval", 0.0)
+            seconds = m["timing_s/step"] - m.get("timing_s/testing", 0.0)
             generated = m.get("dynamic_sampling/samples_per_kept", 1.0) * trained
             steps.append(
                 {
                     "seconds": seconds,
                     "trained": trained,
                     "generated": generated,
-                    "tokens": generated * m["rollout/response_length"],
+                    "tokens": generated * m["response_length/mean"],
                     # dynamic sampling trains only groups whose samples disagree (off in --quick); without
                     # it the trainer still logs their share
                     "informative": trained
                     * (1.0 if dynamic_sampling and not args.quick else m["dynamic_sampling/keep_ratio"]),
                 }
             )
-    startup = records[0].seconds - records[0].metrics.get("timing_s/eval", 0.0)
+    startup = records[0].seconds - records[0].metrics.get("timing_s/testing", 0.0)
     return summarise(steps, evals, startup, size)
 
 

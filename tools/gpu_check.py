@@ -371,10 +371,9 @@ def stage_engine(check: Check) -> str:
         started = time.perf_counter()
         metrics = session.rollouts.evaluate()
         timings["generate"] = time.perf_counter() - started
+    lengths = [value for name, value in metrics.items() if "/response_length/mean@" in name]
     generated = (
-        f", {job.eval.num_problems} greedy generations (mean length {metrics['eval/response_length']:.1f})"
-        if metrics
-        else ""
+        f", {job.eval.num_problems} greedy generations (mean length {lengths[0]:.1f})" if lengths else ""
     )
     return (
         f"started in {timings['start']:.0f} s, weights pushed in {timings['sync']:.1f} s "

@@ -3,7 +3,7 @@
 
     python tools/plot_metrics.py outputs/demo --output demo.png
     python tools/plot_metrics.py runs/a/seed0=A runs/a/seed1=A runs/b/seed0=B \\
-        --metric eval/accuracy --metric actor/entropy --output ladder.png
+        --metric val-core/math_dapo/acc/mean@1 --metric actor/entropy --output ladder.png
 
 A run is a trainer output directory (its `tensorboard/metrics.jsonl` is read) or a metrics.jsonl file, with
 an optional `=LABEL`. Runs that share a label are seeds of one configuration: the line is their mean at each
@@ -21,9 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-EVAL_ACCURACY = "eval/accuracy"
+EVAL_ACCURACY = "val-core/math_dapo/acc/mean@1"
+"""The demo's held-out accuracy under verl's validation name (its problems' data source is math_dapo)."""
 ENTROPY = "actor/entropy"
-RESPONSE_LENGTH = "rollout/response_length"
+RESPONSE_LENGTH = "response_length/mean"
 DEFAULT_METRICS = (EVAL_ACCURACY, ENTROPY, RESPONSE_LENGTH)
 """Held-out accuracy, policy entropy and mean response length: the DAPO paper's Figures 2, 3 and 7."""
 STEP = "step"

@@ -74,6 +74,14 @@ class EngineFleet:
         from the memory left free, which must already exclude the policy's."""
         return self.device == "cpu"
 
+    @property
+    def log_files(self) -> list[Path]:
+        """Each engine's log, in engine order."""
+        log_dir = Path(self.job.rollout.log_dir or Path(self.job.output_dir) / "logs")
+        if self.placement.num_engines == 1:
+            return [log_dir / "sglang_engine.log"]
+        return [log_dir / f"sglang_engine_{index}.log" for index in range(self.placement.num_engines)]
+
     def launch(self) -> None:
         """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group
         starts at this rank's GPU; in a multi-node job it listens on the address towards the rendezvous host,
@@ -84,13 +92,12 @@ class EngineFleet:
         if index is None:
             return
         job = self.job
-        log_dir = Path(job.rollout.log_dir or Path(job.output_dir) / "logs")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        name = "sglang_engine.log" if self.placement.num_engines == 1 else f"sglang_engine_{index}.log"
+        log_file = self.log_files[index]
+        log_file.parent.mkdir(parents=True, exist_ok=True)
         self.engine = SGLangEngine(
             job.model.hf_dir,
             rollout_config(job),
-            log_file=log_dir / name,
+            log_file=log_file,
             host=address_towards(self.master_addr),
             device=self.device,
             base_gpu_id=self.local_rank,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -180,6 +180,13 @@ class TrainerConfig:
     keep_checkpoint_every: int = 0
     """With keep_last_checkpoints, also keep every checkpoint whose step is a multiple of N (milestones; 0:
     none)."""
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard", "jsonl"])
+    """Where the metrics go (logging rank): `tensorboard` and `jsonl` (output_dir/tensorboard/metrics.jsonl),
+    and `wandb` (a Weights & Biases run in project wandb_project named experiment_name, the resolved config
+    attached; online or offline as WANDB_MODE says)."""
+    wandb_project: str = "dapo_megatron"
+    log_level: str = "INFO"
+    """The `dapo_megatron` console logger's level on the logging rank (WARNING quiets the step lines)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -211,6 +218,13 @@ class TrainerConfig:
         if self.on_unfilled_batch not in ("error", "train"):
             raise ValueError(
                 f"trainer.on_unfilled_batch must be error or train; got {self.on_unfilled_batch!r}."
+            )
+        unknown = sorted(set(self.loggers) - {"tensorboard", "jsonl", "wandb"})
+        if unknown:
+            raise ValueError(f"trainer.loggers: unknown {unknown}; choose from tensorboard, jsonl, wandb.")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError(
+                f"trainer.log_level must be DEBUG, INFO, WARNING or ERROR; got {self.log_level!r}."
             )
         for name in ("save_every", "hf_export_every", "keep_last_checkpoints", "keep_checkpoint_every"):
             if getattr(self, name) < 0:

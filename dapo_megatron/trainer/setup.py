@@ -19,10 +19,12 @@ from dapo_megatron.config import JobConfig
 from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.launch import ProcessEnv
 from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.metrics import console
 from dapo_megatron.rollout.fleet import EngineFleet
 from dapo_megatron.trainer.cpu_threads import TrainerThreads
 from dapo_megatron.trainer.policy import Policy
 from dapo_megatron.trainer.rollout_side import RolloutSide
+from dapo_megatron.trainer.startup import banner
 from dapo_megatron.trainer.sync_probe import PROBE_CONTINUATION, SyncProbe
 
 
@@ -54,6 +56,8 @@ class Session:
         self.rollouts: RolloutSide | None = None
         self.timings: dict[str, float] = {}
         """Start-up phases in seconds, for the console and TensorBoard."""
+        self.resumed_from: Path | None = None
+        """The checkpoint directory the job resumed from (None: a fresh start)."""
 
     def __enter__(self) -> Session:
         try:
@@ -82,20 +86,24 @@ class Session:
             master_addr=env.master_addr,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
+        for line in banner(
+            job, world_size=env.world_size, device=self.fleet.device, engine_logs=self.fleet.log_files
+        ):
+            console.info(line)
         stages = (self.fleet.launch, self._build_policy)
         for stage in stages if self.fleet.launches_before_policy else reversed(stages):
             stage()
         layout = self.layout
         started = time.perf_counter()
         self.fleet.connect(layout)
-        self.timings["startup/engine_wait_s"] = time.perf_counter() - started
+        self._phase("engine_wait", started, f"{len(self.fleet.records)} SGLang engine(s) ready")
 
         started = time.perf_counter()
         self.rollouts = RolloutSide(job, layout, self.tokenizer)
         self.rollouts.restore(self.resumed)
         if layout.is_logging_rank:
             self.rollouts.start(self.fleet.urls, on_error=self.fleet.liveness_check())
-        self.timings["startup/rollout_side_s"] = time.perf_counter() - started
+        self._phase("rollout_side", started, "prompts, rollout client and reward workers")
 
         probe = SyncProbe.from_driving_rank(
             self.rollouts.eval_prompts if layout.is_logging_rank else None,
@@ -116,12 +124,35 @@ class Session:
         self.threads.engine_idle()  # until a batch is generated ahead
 
     def _build_policy(self) -> None:
+        started = time.perf_counter()
         self.tokenizer = load_tokenizer(self.job.model.hf_dir)
         self.layout = self._initialize()
+        self._phase("process_groups", started, f"tokenizer and process groups ({self.layout.describe()})")
         started = time.perf_counter()
         self.policy = Policy(self.job, self.layout)
         self.start_step, self.resumed = self.policy.load_initial_state()
-        self.timings["startup/policy_s"] = time.perf_counter() - started
+        self.resumed_from = self.policy.resumed_from
+        self._phase("policy", started, f"policy built, {self._initial_state()}")
+
+    def _phase(self, name: str, started: float, what: str) -> None:
+        """Record a start-up phase's time (`startup/<name>_s`) and say what it did."""
+        seconds = self.timings[f"startup/{name}_s"] = time.perf_counter() - started
+        console.info("start-up: %s in %.1fs", what, seconds)
+
+    def _initial_state(self) -> str:
+        """Where the policy's state came from, and on resume what the checkpoint restored."""
+        job = self.job
+        if self.resumed is None:
+            if job.trainer.load:
+                return f"weights from trainer.load {job.trainer.load}; starting at step 0"
+            return f"weights from model.hf_dir {job.model.hf_dir}; starting at step 0"
+        restored = ["model", "optimizer and LR schedule", "RNG states (same layout)", "prompt position"]
+        backlog = len(self.resumed.get("backlog") or [])
+        if backlog:
+            restored.append(f"{backlog} carried-over prompts")
+        if self.resumed.get("ahead") is not None:
+            restored.append("the batch generated ahead")
+        return f"resumed from {self.resumed_from} at step {self.start_step}: restored {', '.join(restored)}"
 
     def close(self) -> None:
         """The tear-down, in order; safe on a partial set-up."""

@@ -24,7 +24,7 @@ import torch
 
 from dapo_megatron.data import arithmetic, char_tokenizer
 from dapo_megatron.distributed.layout import ParallelLayout
-from dapo_megatron.metrics import MetricsLogger, format_line
+from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_line
 from dapo_megatron.rewards.math_dapo import compute_score
 from dapo_megatron.trainer.forward import MicroBatch, greedy_generate, run_schedule, vocab_parallel_argmax
 
@@ -214,7 +214,7 @@ def run(
             fields["eval_acc"] = accuracy
         metrics.log({f"warmup/{k.replace('s/step', 'step_time_s')}": v for k, v in fields.items()}, step)
         if step % 10 == 0 or "eval_acc" in fields:
-            metrics.print(format_line(f"warmup step {step:4d}/{cfg.max_steps}", fields))
+            console.info(format_line(f"warmup step {step:4d}/{cfg.max_steps}", fields))
         if accuracy >= cfg.target_accuracy:
             break
     return accuracy, step
@@ -243,16 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     job = job_config.load(sys.argv[1:] if argv is None else argv, world_size=process_env().world_size)
     earlier = earlier_warmup(job)
     layout = initialize(job.parallel, job.seed)
+    configure_console(logging_rank=layout.is_logging_rank, level=job.trainer.log_level)
     out = Path(job.output_dir)
     try:
         with MetricsLogger(out / "tensorboard", enabled=layout.is_logging_rank) as metrics:
-            metrics.print(
+            console.info(
                 f"warm-up: {job.model.name} ({job.model.num_parameters():,} parameters), {layout.describe()}"
             )
             model = wrap_for_training(build_gpt_model(job.model, job.parallel, layout), job.parallel)
             if earlier:
                 load_hf_weights(model, job.model.hf_dir, job.model, layout)
-                metrics.print(
+                console.info(
                     f"continuing the warm-up of {job.model.hf_dir} after its {earlier['steps']} steps"
                 )
             started = time.time()
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         continued={k: earlier[k] for k in earlier if k != "model"},
                     )
                 (hf_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
-            metrics.print(
+            console.info(
                 f"warm-up done in {time.time() - started:.0f}s: held-out {job.warmup.eval_mode} accuracy "
                 f"{accuracy:.2f}; checkpoint {saved}, Hugging Face export {hf_dir}"
             )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dapo_megatron.trainer.evaluate import by_source
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.sglang
@@ -54,10 +55,11 @@ def test_eval_tool_reports_avg_and_pass_at_k_per_data_source(tiny_model_dir: Pat
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = json.loads(out.read_text())
     assert "6 problems x 4 samples" in proc.stdout and "on 1 cpu engine(s): avg@4" in proc.stdout
-    for prefix in ("eval", "eval/aime2024", "eval/gsm8k"):
-        assert 0.0 <= metrics[f"{prefix}/accuracy"] <= metrics[f"{prefix}/pass@4"] <= 1.0
-        assert metrics[f"{prefix}/response_length"] > 0
-    assert metrics["eval/accuracy"] == pytest.approx(
-        (metrics["eval/aime2024/accuracy"] + metrics["eval/gsm8k/accuracy"]) / 2
+    sources = by_source(metrics, 4)
+    assert sorted(sources) == ["aime2024", "all", "gsm8k"]
+    for summary in sources.values():
+        assert 0.0 <= summary["avg"] <= summary["pass"] <= 1.0 and summary["response_length"] > 0
+    assert sources["all"]["avg"] == pytest.approx(
+        (sources["aime2024"]["avg"] + sources["gsm8k"]["avg"]) / 2
     )  # three problems each
     assert "  aime2024: avg@4" in proc.stdout and "  gsm8k: avg@4" in proc.stdout

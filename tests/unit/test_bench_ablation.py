@@ -129,7 +129,11 @@ def records(evals: dict[int, float], *, seconds_per_step: float = 10.0) -> list[
             )
         if step in evals:
             out.append(
-                {"step": step, plot_metrics.EVAL_ACCURACY: evals[step], ablation.SECONDS: seconds_per_step * step + 1}
+                {
+                    "step": step,
+                    plot_metrics.EVAL_ACCURACY: evals[step],
+                    ablation.SECONDS: seconds_per_step * step + 1,
+                }
             )
     return out
 

@@ -1,0 +1,92 @@
+"""What a job says about itself as it starts: the software it runs, where its outputs go, its resolved
+config (saved beside them as `config.yaml`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from dapo_megatron.config import JobConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "megatron-core": ("megatron-core", "megatron_core"),
+    "SGLang": ("sglang",),
+    "TE": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
+}
+"""The banner's names for the packages whose versions decide behaviour, and their distribution names."""
+
+
+def versions() -> dict[str, str]:
+    """Installed version of each of `DISTRIBUTIONS`, `-` when absent. Read from package metadata: importing
+    SGLang or Transformer Engine to ask would cost seconds."""
+    found = {}
+    for label, names in DISTRIBUTIONS.items():
+        found[label] = "-"
+        for name in names:
+            try:
+                found[label] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def git_commit(repo: Path = REPO) -> str:
+    """The checkout's short commit, `+dirty` with uncommitted changes; `unknown` outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def banner(job: JobConfig, *, world_size: int, device: str, engine_logs: list[Path]) -> list[str]:
+    """The lines a job opens with: software, layout, outputs."""
+    parallel = job.parallel
+    model_parallel = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+    software = ", ".join(f"{name} {version}" for name, version in versions().items())
+    out = Path(job.output_dir)
+    logs = engine_logs[0] if len(engine_logs) == 1 else f"{engine_logs[0].parent}/sglang_engine_*.log"
+    return [
+        f"dapo_megatron {git_commit()}: {software}",
+        f"job {job.experiment_name}: model {job.model.name}, {world_size} rank(s) on {device} = dp "
+        f"{world_size // model_parallel} x tp {parallel.tensor_model_parallel_size} x pp "
+        f"{parallel.pipeline_model_parallel_size}, {len(engine_logs)} SGLang engine(s), "
+        f"{job.trainer.total_steps} steps",
+        f"outputs in {out}: config.yaml, metrics {out / 'tensorboard'} ({', '.join(job.trainer.loggers)}), "
+        f"checkpoints {out / 'checkpoints'}, engine log {logs}",
+    ]
+
+
+def resolved_config(job: JobConfig) -> dict[str, Any]:
+    """The job's every field, as plain data (for `config.yaml` and a wandb run)."""
+    return dataclasses.asdict(job)
+
+
+def save_config(resolved: dict[str, Any], output_dir: Path) -> Path:
+    """`output_dir/config.yaml`: what this run ran with, whatever the command line said."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    return path
