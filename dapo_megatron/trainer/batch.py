@@ -41,8 +41,8 @@ def sample_lags(groups: Sequence[ScoredGroup], trained_step: int) -> list[int]:
 
 
 def policy_lag(groups: Sequence[ScoredGroup], trained_step: int) -> dict[str, float]:
-    """The spread of `sample_lags`, and `policy_lag/lagged_fraction`: the fraction of samples (not tokens) that
-    lag."""
+    """The spread of `sample_lags`, and `policy_lag/lagged_fraction`: the fraction of samples (not tokens)
+    that lag."""
     lags = sample_lags(groups, trained_step)
     if not lags:
         return {}
