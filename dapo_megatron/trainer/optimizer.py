@@ -144,10 +144,8 @@ def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
 def check_optimizer_kind(optimizer: MegatronOptimizer, saved: Any) -> None:
     """Refuse, naming the config field, a checkpoint whose optimizer (`saved`: its non-tensor state) was
     written with the other parallel.use_distributed_optimizer setting: the two store different tensors."""
-    saved_distributed, distributed = (
-        _holds_key(saved, "param_state_sharding_type"),
-        bool(_distributed_parts(optimizer)),
-    )
+    saved_distributed = _holds_key(saved, "param_state_sharding_type")
+    distributed = bool(_distributed_parts(optimizer))
     if saved_distributed != distributed:
         raise ValueError(
             "the checkpoint's optimizer state was written with parallel.use_distributed_optimizer="
@@ -220,7 +218,6 @@ def _allocate_distributed_state(optimizer: MegatronOptimizer) -> None:
 
     Its sharded_state_dict reads its own state_dict(), which with torch's Adam (no Apex/TE) requires one
     `step` shared by every parameter's state: before the first step there is none, and loading fails."""
-
     for part in _distributed_parts(optimizer):
         if len(part.optimizer.state) or not _torch_adam(part):
             continue

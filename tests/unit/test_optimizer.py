@@ -118,3 +118,14 @@ def test_resume_across_a_decay_rule_change_names_the_field(build: Any) -> None:
         load_optimizer_state(other, written.state_dict())
     with pytest.raises(ValueError, match=r"resume with optim\.decay_all_parameters=true"):
         load_optimizer_state(same, other.state_dict())
+
+
+def test_resume_across_a_distributed_optimizer_change_names_the_field(build: Any) -> None:
+    from dapo_megatron.trainer.optimizer import check_optimizer_kind
+
+    _, optimizer, _ = build(OptimConfig(lr=1e-3))
+    check_optimizer_kind(optimizer, optimizer.state_dict())
+    # The distributed optimizer's non-tensor state, as its sharded_state_dict leaves it in a checkpoint.
+    saved = {"optimizer": {"param_groups": []}, "param_state_sharding_type": "fully_reshardable"}
+    with pytest.raises(ValueError, match=r"resume with parallel\.use_distributed_optimizer=true"):
+        check_optimizer_kind(optimizer, saved)
