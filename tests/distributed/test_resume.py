@@ -20,7 +20,7 @@ ATOL = 2e-5
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout", [["--pp", "2"], ["--distributed-optimizer"]], ids=["pp2", "dp2_zero1"])
 def test_resumed_steps_equal_uninterrupted_ones(tmp_path: Path, layout: list[str]) -> None:
-    """PP2, and DP2 with the distributed optimizer, whose sharded Adam state is not in its state_dict()."""
+    """PP2, and DP2 with the distributed optimizer (Adam state sharded over DP, saved gathered)."""
     torchrun(WORKER, 2, "--mode", "continuous", *layout, "--dir", str(tmp_path))
     torchrun(WORKER, 2, "--mode", "resume", *layout, "--dir", str(tmp_path))
     continuous, resumed = torch.load(tmp_path / "continuous.pt"), torch.load(tmp_path / "resume.pt")
