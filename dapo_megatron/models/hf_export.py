@@ -7,6 +7,10 @@ Used by the offline converter (tools/convert_megatron_to_hf.py) and by the in-tr
   push it past `max_shard_bytes`; at most one shard's tensors are held. The files are written here (the
   format is an 8-byte header length, a JSON header, then the raw bytes) straight from each tensor's memory:
   `safetensors.torch.save_file` first copies the whole shard into one bytes object, doubling the peak.
+  `huggingface_hub.save_torch_state_dict` would write the same files and index, but it takes the whole
+  state dict at once (a 32B model: 65 GB in bf16 on one process) and writes each shard with `save_file`;
+  here tensors arrive one layer at a time from a torch_dist checkpoint or from the pipeline stages, and at
+  most one shard is held.
 * `export_config` is the base model's config.json with the dtype set to the exported tensors' and the
   shape fields set from the ModelConfig; every other field (bos/eos_token_id, rope_scaling, ...) is kept.
 * `staging_dir` / `publish` write into `<out>.tmp-<pid>` beside the output and rename it into place once
