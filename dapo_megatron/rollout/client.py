@@ -35,6 +35,7 @@ from requests.adapters import HTTPAdapter
 
 from dapo_megatron.records import FinishReason, Sample
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.rollout.engine_auth import ENGINE_AUTH
 
 _FINISH_REASONS = ("stop", "length", "abort")
 _CONNECT_TIMEOUT_S = 10.0
@@ -77,6 +78,7 @@ class RolloutClient:
             request_timeout_s and max_concurrent_requests (per engine).
         on_error: called with the engine's URL before a failed request to it is reported; raise from it to
             report something more useful instead, e.g. that the engine died, with its log.
+    Every request carries the API key registered for its engine (`rollout/engine_auth.py`).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class RolloutClient:
         self.cfg = cfg
         self.on_error = on_error
         self._session = requests.Session()
+        self._session.auth = ENGINE_AUTH
         # Every worker thread holds a connection, plus a few for aborts sent while they wait.
         adapter = HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=cfg.max_concurrent_requests + 4)
         self._session.mount("http://", adapter)

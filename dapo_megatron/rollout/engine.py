@@ -9,9 +9,13 @@ SGLang's CUDA-only dependencies) with SGLang's native-torch backends. On CUDA it
 `python -m sglang.launch_server` with `--enable-memory-saver`, so that `release_memory` can free the
 weights and KV cache while megatron trains; that path cannot be exercised on the CPU CI machine.
 
-Orphans: every started engine is registered for `atexit`, and `install_sigterm_handler()` makes SIGTERM
-(what Slurm and `kill` send) shut engines down before the previous handler runs. A SIGKILLed trainer
-still leaves its servers behind; nothing inside the trainer can prevent that.
+Every engine is started through `rollout/engine_guard.py`, which gives it a per-engine API key without
+putting the key on a command line or in the log (`rollout/engine_auth.py` sends it with every request), a
+temporary folder of its own, and the guarantee that it does not outlive the trainer: the guard stops the
+server and everything in its session when the trainer is gone, SIGKILLed included, and removes what it left in
+/dev/shm and the temporary folder. Inside the trainer, started engines are shut down at exit (`atexit`) and on
+SIGTERM (what Slurm, torchrun and `kill` send) and SIGINT, before the previous handler runs: the first launch
+from the main thread installs those handlers (`install_signal_handlers`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +33,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,7 +41,7 @@ from typing import Any
 import psutil
 import requests
 
-from dapo_megatron.rollout import cpu_weight_loader, engine_threads
+from dapo_megatron.rollout import cpu_weight_loader, engine_auth, engine_guard, engine_threads
 from dapo_megatron.rollout.config import RolloutConfig
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -48,7 +53,7 @@ CPU_ENGINE_THREADS = 1
 with the trainer (trainer/cpu_threads.py leaves the engine this many cores, and gives it the rank's share
 while the trainer only waits for it)."""
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
-_TERM_GRACE_S = 10.0  # SGLang's launcher exits within ~1 s of SIGTERM and takes its children along
+_TERM_GRACE_S = 2 * engine_guard.GRACE_S + 5.0  # the guard's grace for SGLang's launcher, then its SIGKILLs
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
 
 
@@ -113,7 +118,8 @@ class SGLangEngine:
         cfg: rollout settings; uses dtype, engine_tp_size, mem_fraction_static, max_total_tokens, seed,
             deterministic, quantization, startup_timeout_s.
         log_file: where the server's stdout and stderr go; its tail is quoted in every EngineError.
-        host, port: where the server listens; `port=None` picks a free one.
+        host, port: where the server listens; `port=None` picks a free one. Keep the loopback default unless
+            a client on another node must reach the server.
         device: "cpu" or "cuda".
         base_gpu_id: first GPU of this engine's tensor-parallel group (CUDA only).
         extra_args: further `sglang.launch_server` flags, appended verbatim.
@@ -164,7 +170,12 @@ class SGLangEngine:
         self._process: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
         self._workers: list[tuple[psutil.Process, str]] = []
+        self.api_key = engine_auth.new_key()
+        """Every request but a health check needs it (`rollout/engine_auth.py`); registered at launch."""
+        self.tmpdir: Path | None = None
+        """The server's TMPDIR while it runs."""
         self._session = requests.Session()
+        self._session.auth = engine_auth.ENGINE_AUTH
 
     # ------------------------------------------------------------------ launch
 
@@ -174,11 +185,11 @@ class SGLangEngine:
 
     @property
     def pid(self) -> int | None:
-        """Process id of the server's launcher (the leader of its process group)."""
+        """Process id of the server's guard (`rollout/engine_guard.py`), the leader of its session."""
         return self._process.pid if self._process is not None else None
 
     def command(self) -> list[str]:
-        """The server command line."""
+        """The server command line (`python -m MODULE ARGS`; the guard adds the API key inside the server)."""
         common = [
             "--model-path",
             str(self.model_path),
@@ -285,6 +296,7 @@ class SGLangEngine:
             # Otherwise the health check could succeed against whatever already listens there.
             raise EngineError(f"port {self.port} on {self.host} is already in use")
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        _install_handlers_once()
         if self.device == "cpu":
             # Beside the log, not in /tmp: an engine killed before `shutdown` leaves its few bytes in the
             # run's own directory. A CPU engine's log directory is local, and the engine reads the file per
@@ -295,19 +307,39 @@ class SGLangEngine:
             os.close(fd)
             self.threads_file = Path(name)
             engine_threads.request_threads(self.threads_file, self.start_threads)
+        self.tmpdir = Path(tempfile.mkdtemp(prefix=f"dapo-engine-{self.port}-"))
+        engine_auth.register(self.url, self.api_key)
         with open(self.log_file, "ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                self.command(),
-                stdout=log,
+                self.guarded_command(),
+                stdout=log,  # the guard's own complaints; it copies the server's output, key removed
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self._environment(),
-                start_new_session=True,  # its own process group: killpg reaches every process
+                env={**self._environment(), engine_guard.API_KEY_ENV: self.api_key},
+                start_new_session=True,  # its own session and process group: killpg reaches every process
             )
         _LIVE_ENGINES.add(self)
         return self
+
+    def guarded_command(self) -> list[str]:
+        """`command()` under the guard (`rollout/engine_guard.py`); needs the temporary folder of `launch`."""
+        python, flag, *server = self.command()
+        assert flag == "-m" and self.tmpdir is not None, "launch() makes the temporary folder"
+        return [
+            python,
+            "-m",
+            engine_guard.__name__,
+            "--parent",
+            str(os.getpid()),
+            "--log",
+            str(self.log_file),
+            "--tmpdir",
+            str(self.tmpdir),
+            "--",
+            *server,
+        ]
 
     def wait_until_ready(self) -> SGLangEngine:
         """Wait until the launched server generates; on failure (exit, startup_timeout_s) kill it and raise
@@ -394,6 +426,7 @@ class SGLangEngine:
             log_file=str(self.log_file),
             host=socket.gethostname(),
             processes=tuple((p.pid, p.create_time()) for p in processes),
+            api_key=self.api_key,
         )
 
     def _error(self, what: str) -> EngineError:
@@ -450,10 +483,12 @@ class SGLangEngine:
     def shutdown(self) -> None:
         """Stop the server and everything it spawned. Idempotent; safe when the server already died.
 
-        SIGTERM goes to the launcher first: it shuts down gracefully and kills its children within about
-        a second, whereas a scheduler that is signalled directly makes the launcher wait seconds for
-        crash diagnostics. Whatever is left after the grace period is SIGKILLed: the process group,
-        then every process seen in the tree when the server became healthy (in case one left the group).
+        SIGTERM goes to the guard, which passes it to SGLang's launcher: that shuts down gracefully and
+        kills its children within about a second, whereas a scheduler that is signalled directly makes the
+        launcher wait seconds for crash diagnostics. The guard then kills what is left of the session and
+        removes the server's shared memory and temporary files. Should the guard not finish in time,
+        everything left is SIGKILLed here: the process group, then every process seen in the tree when the
+        server became healthy (in case one left the group).
         """
         process, self._process = self._process, None
         _LIVE_ENGINES.discard(self)
@@ -462,6 +497,7 @@ class SGLangEngine:
             self.threads_file = None
         if process is None:
             return
+        engine_auth.forget(self.url)
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
@@ -472,9 +508,12 @@ class SGLangEngine:
         for child in self._tree:
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        process.wait()  # reap the launcher so it does not linger as a zombie
+        process.wait()  # reap the guard so it does not linger as a zombie
         psutil.wait_procs(self._tree, timeout=_TERM_GRACE_S)
         self._tree, self._workers = [], []
+        if self.tmpdir is not None:  # the guard's job, unless it was killed
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
         self._session.close()
 
     def __enter__(self) -> SGLangEngine:
@@ -497,8 +536,10 @@ class EngineRecord:
     host: str
     """Hostname of the launching rank."""
     processes: tuple[tuple[int, float], ...]
-    """(pid, start time) of the server's launcher and SGLang workers; the start time tells a reused pid
+    """(pid, start time) of the server's guard and SGLang workers; the start time tells a reused pid
     apart."""
+    api_key: str | None = field(default=None, repr=False)
+    """What every request but a health check needs (`rollout/engine_auth.py`)."""
 
     def check_alive(self) -> None:
         """Raise EngineError with the log tail when a process of the engine is gone (checked on its own host;
@@ -571,11 +612,12 @@ def _checked_tags(tags: Sequence[str] | None) -> list[str] | None:
 
 
 class _EngineRegistry:
-    """Engines that are started and not yet shut down, for atexit and the SIGTERM handler."""
+    """Engines that are started and not yet shut down, for atexit and the signal handlers."""
 
     def __init__(self) -> None:
         self._engines: set[SGLangEngine] = set()
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler runs on the main thread, possibly while that thread holds the lock.
+        self._lock = threading.RLock()
 
     def add(self, engine: SGLangEngine) -> None:
         with self._lock:
@@ -596,21 +638,45 @@ _LIVE_ENGINES = _EngineRegistry()
 atexit.register(_LIVE_ENGINES.shutdown_all)
 
 
-def install_sigterm_handler() -> None:
-    """On SIGTERM, shut down every live engine, then do what the previous handler would have done.
+_handlers_installed = False
 
-    Call once from the main thread (Python only installs signal handlers there). A previous Python
-    handler is called; with the default action the signal is re-delivered so the process still dies
-    with SIGTERM's exit status; an ignored signal stays ignored after the engines are stopped.
+
+def _install_handlers_once() -> None:
+    # Python installs handlers from the main thread only; an engine launched elsewhere still has its guard.
+    if not _handlers_installed and threading.current_thread() is threading.main_thread():
+        install_signal_handlers()
+
+
+def install_signal_handlers(signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """On each of `signals`, shut down every live engine, then do what the previous handler would have done.
+
+    The first `SGLangEngine.launch` from the main thread calls it (Python only installs signal handlers
+    there); call it yourself only to install the handlers earlier. A previous Python handler is called (for
+    SIGINT: KeyboardInterrupt, so the caller's clean-up still runs); with the default action the signal is
+    re-delivered so the process still dies of it; an ignored signal stays ignored, and stops nothing. A second
+    signal while the engines are being shut down acts at once: their guards finish the job when the trainer
+    is gone. The trainer's `distributed/stop.StopRequest`, installed later, turns SIGTERM into a request to
+    checkpoint and exit at the next step boundary, after which the engines are shut down as usual.
     """
-    previous = signal.getsignal(signal.SIGTERM)
+    global _handlers_installed
+    _handlers_installed = True
+    stopping = threading.Event()
+    for signum in signals:
+        previous = signal.getsignal(signum)
+        if previous is signal.SIG_IGN:
+            continue
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        _LIVE_ENGINES.shutdown_all()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            if not stopping.is_set():
+                stopping.set()
+                try:
+                    _LIVE_ENGINES.shutdown_all()
+                finally:
+                    stopping.clear()
+            if callable(previous):
+                previous(signum, frame)
+            else:  # the default action; None: a handler not installed from Python, treated alike
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
 
-    signal.signal(signal.SIGTERM, handler)
+        signal.signal(signum, handler)

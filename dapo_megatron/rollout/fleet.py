@@ -9,8 +9,9 @@ and `sync_weights` (with `check_sync` when due) -> `close_sync` -> `shutdown`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,26 @@ if TYPE_CHECKING:
     from dapo_megatron.rollout.weight_sync import WeightSync
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.sync_probe import SyncProbe
+
+
+def job_on_one_node(world_size: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether all of the job's processes run on this node, from the launcher's variables (torchrun's
+    LOCAL_WORLD_SIZE, Slurm's SLURM_JOB_NUM_NODES; a process without a launcher is alone)."""
+    env = os.environ if environ is None else environ
+    if "LOCAL_WORLD_SIZE" in env:
+        return int(env["LOCAL_WORLD_SIZE"]) == world_size
+    if "SLURM_JOB_NUM_NODES" in env:
+        return int(env["SLURM_JOB_NUM_NODES"]) == 1
+    return world_size == 1
+
+
+def engine_host(world_size: int, master_addr: str, environ: Mapping[str, str] | None = None) -> str:
+    """Where an engine listens: loopback when every process that talks to it (the driving rank, the weight
+    senders, its own rank) is on its node, else this node's address towards the rendezvous host, where the
+    driving rank can reach it. Either way only holders of its API key get an answer."""
+    from dapo_megatron.rollout.engine import address_towards
+
+    return "127.0.0.1" if job_on_one_node(world_size, environ) else address_towards(master_addr)
 
 
 def rollout_config(job: JobConfig) -> RolloutConfig:
@@ -55,6 +76,7 @@ class EngineFleet:
     ) -> None:
         self.job, self.device = job, device
         self.rank, self.local_rank, self.master_addr = rank, local_rank, master_addr
+        self.world_size = world_size
         self.placement = engine_placement(world_size, job.rollout, device)
         check_overlap(job.trainer, device)
         self.engine: SGLangEngine | None = None
@@ -84,9 +106,8 @@ class EngineFleet:
 
     def launch(self) -> None:
         """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group
-        starts at this rank's GPU; in a multi-node job it listens on the address towards the rendezvous host,
-        where the driving rank can reach it."""
-        from dapo_megatron.rollout.engine import SGLangEngine, address_towards
+        starts at this rank's GPU; it listens where the job's other processes reach it (`engine_host`)."""
+        from dapo_megatron.rollout.engine import SGLangEngine
 
         index = self.placement.owns(self.rank)
         if index is None:
@@ -98,13 +119,16 @@ class EngineFleet:
             job.model.hf_dir,
             rollout_config(job),
             log_file=log_file,
-            host=address_towards(self.master_addr),
+            host=engine_host(self.world_size, self.master_addr),
             device=self.device,
             base_gpu_id=self.local_rank,
         ).launch()
 
     def connect(self, layout: ParallelLayout) -> None:
-        """Wait for this rank's engine, then exchange every engine's record. Collective."""
+        """Wait for this rank's engine, then exchange every engine's record, and with it its API key.
+        Collective."""
+        from dapo_megatron.rollout import engine_auth
+
         if self.engine is not None:
             self.engine.wait_until_ready()
         records: list[EngineRecord | None] = [None] * layout.world_size
@@ -112,6 +136,8 @@ class EngineFleet:
             records, self.engine.record() if self.engine is not None else None
         )
         self.records = [record for record in records if record is not None]  # in engine order
+        for record in self.records:
+            engine_auth.register(record.url, record.api_key)
         # This rank's own engine is watched through its processes, the others through their records.
         self.watched = [
             self.engine if self.engine is not None and record.url == self.engine.url else record

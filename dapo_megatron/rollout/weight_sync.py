@@ -45,6 +45,7 @@ from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.weights import iter_full_tensors
 from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.engine import address_towards
+from dapo_megatron.rollout.engine_auth import ENGINE_AUTH
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
@@ -649,9 +650,10 @@ def push_bucket(
 
 
 def post_all(urls: Sequence[str], path: str, body: dict[str, Any], *, timeout_s: float) -> None:
+    """POST to each engine in turn, with its API key (`rollout/engine_auth.py`); raises WeightSyncError."""
     for url in urls:
         try:
-            response = requests.post(url + path, json=body, timeout=timeout_s)
+            response = requests.post(url + path, json=body, timeout=timeout_s, auth=ENGINE_AUTH)
         except requests.RequestException as failure:
             raise WeightSyncError(f"POST {url}{path} failed: {failure}; is the engine alive?") from failure
         if response.status_code != 200:

@@ -38,6 +38,7 @@ def main() -> None:
     from dapo_megatron.models.config import ModelConfig
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.records import PolicyRows
+    from dapo_megatron.rollout import engine_auth
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
@@ -81,8 +82,11 @@ def main() -> None:
         engine = SGLangEngine(str(hf_dir), rollout, log_file=root / f"engine{index}.log")
         engine.start()
     gathered: list = [None] * layout.world_size
-    torch.distributed.all_gather_object(gathered, engine.url if engine is not None else None)
-    urls = [url for url in gathered if url is not None]
+    torch.distributed.all_gather_object(gathered, engine.record() if engine is not None else None)
+    records = [record for record in gathered if record is not None]
+    for record in records:  # every rank may talk to every engine
+        engine_auth.register(record.url, record.api_key)
+    urls = [record.url for record in records]
 
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
     optimizer, scheduler = build_optimizer(model, OptimConfig(lr=3e-2, weight_decay=0.0), parallel, cfg)

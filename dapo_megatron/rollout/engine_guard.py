@@ -1,0 +1,218 @@
+"""The process the trainer starts for an SGLang server: it keeps the server from outliving the trainer, and
+the server's API key out of command lines and logs.
+
+    python -m dapo_megatron.rollout.engine_guard --parent PID --log FILE --tmpdir DIR -- MODULE [ARGS...]
+
+It leads a session of its own (the trainer starts it so) and runs `python -m MODULE ARGS` (SGLang's launcher,
+or `rollout/sglang_cpu.py`) in that session, with
+* the API key: read from `API_KEY_ENV` and added as `--api-key` and `--admin-api-key` inside the server
+  process (`--serve`), so that it shows in no command line (`ps` shows those to every user of the node).
+  SGLang prints its arguments, key included, when it starts: the server's output reaches the log through
+  this process, with the key replaced.
+* `TMPDIR=DIR`: SGLang's sockets and other temporary files go there, and the folder goes with the server.
+
+It stops the server, then whatever is left in its session, when the trainer asks (SIGTERM, SIGINT, SIGHUP,
+unless ignored), when the trainer is gone (its parent pid changes; polled, because `PR_SET_PDEATHSIG` follows
+the thread that started a process rather than the process), or when the server exits. SGLang's scheduler
+and detokenizer die with their launcher (they set a parent-death signal); what still lives after the
+launcher's grace period is SIGKILLed. Then it removes what the server's processes left in /dev/shm, and only
+that: the `sglang_loads_*` slot files it saw them hold open, and torch's `torch_<pid>_*` segments of their
+pids (torch's shared-memory manager, which would remove those, dies in the same session). The server process
+itself dies at once should the guard be killed (`_die_with`).
+
+Import-light on purpose (no torch, no SGLang): it is one more process per engine for the whole job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+API_KEY_ENV = "DAPO_ENGINE_API_KEY"
+REDACTED = "<redacted>"
+GRACE_S = 10.0
+"""How long SGLang's launcher gets to stop its workers after SIGTERM (it needs ~1 s)."""
+_POLL_S = 0.5
+_SCAN_EVERY_S = 2.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_SHM = Path("/dev/shm")
+_SLOT_FILES = "sglang_loads_"
+_TORCH_SEGMENT = re.compile(r"torch_(\d+)_")
+
+
+def session_members(session: int) -> list[int]:
+    """Pids of the living (not zombie) processes of `session`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # state, ppid, pgrp, session follow the command name, which may hold spaces and parentheses
+        state, _, _, sid = stat[stat.rindex(")") + 2 :].split()[:4]
+        if int(sid) == session and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def slot_files_held(pid: int) -> set[str]:
+    """Names of SGLang's /dev/shm slot files that process `pid` holds open."""
+    names = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(f"{_SHM}/{_SLOT_FILES}"):
+                    names.add(target[len(str(_SHM)) + 1 :])
+    return names
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Guard:
+    def __init__(self, parent: int, log: Path, tmpdir: Path, server: list[str]) -> None:
+        self.parent, self.log, self.tmpdir, self.server = parent, log, tmpdir, server
+        self.key = os.environ.pop(API_KEY_ENV, None) or None
+        self.stop = threading.Event()
+        self.pids_seen: set[int] = set()
+        self.slot_files: set[str] = set()
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            # An ignored signal stays ignored, also for the server (a handled one would be reset to the
+            # default action, death, in the program it starts).
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self._on_signal)
+        if os.getppid() != self.parent:  # the trainer died while this process started
+            self._remove_leftovers()
+            return 1
+        env = dict(os.environ, TMPDIR=str(self.tmpdir))
+        if self.key:
+            env[API_KEY_ENV] = self.key
+        self.child = subprocess.Popen(
+            # this module, also when it runs as __main__
+            [sys.executable, "-m", __spec__.name, "--serve", str(os.getpid()), *self.server],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        copier = threading.Thread(target=self._copy_output, name="engine-log", daemon=True)
+        copier.start()
+        next_scan = 0.0
+        while self.child.poll() is None and not self.stop.is_set() and os.getppid() == self.parent:
+            if time.monotonic() >= next_scan:
+                self._scan()
+                next_scan = time.monotonic() + _SCAN_EVERY_S
+            self.stop.wait(_POLL_S)
+        self._scan()
+        code = self._stop_server()
+        copier.join(timeout=5.0)
+        self._remove_leftovers()
+        return code
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop.set()
+
+    def _copy_output(self) -> None:
+        assert self.child is not None and self.child.stdout is not None
+        secret = self.key.encode() if self.key else None
+        with open(self.log, "ab") as log:
+            for line in self.child.stdout:
+                log.write(line.replace(secret, REDACTED.encode()) if secret else line)
+                log.flush()
+
+    def _scan(self) -> None:
+        for pid in session_members(os.getpid()):
+            if pid != os.getpid():
+                self.pids_seen.add(pid)
+                self.slot_files |= slot_files_held(pid)
+
+    def _stop_server(self) -> int:
+        assert self.child is not None
+        if self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.wait(timeout=GRACE_S)
+        deadline = time.monotonic() + GRACE_S
+        while (left := [p for p in session_members(os.getpid()) if p != os.getpid()]) and (
+            time.monotonic() < deadline
+        ):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        code = self.child.wait()
+        return 128 - code if code < 0 else code
+
+    def _remove_leftovers(self) -> None:
+        for name in self.slot_files:
+            (_SHM / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            for path in _SHM.iterdir():
+                match = _TORCH_SEGMENT.match(path.name)
+                if match and int(match.group(1)) in self.pids_seen and not _exists(int(match.group(1))):
+                    path.unlink(missing_ok=True)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent`, which started it from its main thread, dies. Should the guard be
+    killed itself, the server goes at once, and its workers with it (they die with their launcher)."""
+    with contextlib.suppress(AttributeError, OSError):  # Linux only; elsewhere the guard's own SIGKILLs do
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request
+        os._exit(1)
+
+
+def _serve(parent: int, module: str, args: list[str]) -> None:
+    """Inside the server process: tied to the guard, the key from the environment onto the arguments, then
+    the server."""
+    _die_with(parent)
+    key = os.environ.pop(API_KEY_ENV, None)
+    if key:
+        args = [*args, "--api-key", key, "--admin-api-key", key]
+    sys.argv = [module, *args]
+    # As `python -m MODULE`: SGLang's spawned workers re-import MODULE as their main module.
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--serve"]:
+        _serve(int(argv[1]), argv[2], argv[3:])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m dapo_megatron.rollout.engine_guard")
+    parser.add_argument("--parent", type=int, required=True, help="the trainer's pid")
+    parser.add_argument("--log", type=Path, required=True, help="where the server's output goes")
+    parser.add_argument("--tmpdir", type=Path, required=True, help="the server's TMPDIR, removed afterwards")
+    parser.add_argument("server", nargs="+", help="MODULE [ARGS...] of the server, after --")
+    args = parser.parse_args(argv)
+    return Guard(args.parent, args.log, args.tmpdir, args.server).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
