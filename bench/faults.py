@@ -538,6 +538,8 @@ def run_chain(
         if outcome.injected and kind != "sigterm_stop":
             waiting.append(outcome)
         outcomes += [o for o in (corruption, outcome) if o is not None]
+        with (work / "outcomes.jsonl").open("a") as sink:  # a long run's figures so far, should it be cut
+            sink.writelines(json.dumps(asdict(o)) + "\n" for o in outcomes[-2:])
         report(f"launch {index}: {kind} started at {start} (expected >= {expected}): {outcome.detail}")
     checkpoints.update()
     if checkpoints.lost:
