@@ -538,8 +538,8 @@ def run_chain(
         if outcome.injected and kind != "sigterm_stop":
             waiting.append(outcome)
         outcomes += [o for o in (corruption, outcome) if o is not None]
-        with (work / "outcomes.jsonl").open("a") as sink:  # a long run's figures so far, should it be cut
-            sink.writelines(json.dumps(asdict(o)) + "\n" for o in outcomes[-2:])
+        # A long run's outcomes so far, should it be cut short (the last ones await the next launch).
+        (work / "outcomes.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
         report(f"launch {index}: {kind} started at {start} (expected >= {expected}): {outcome.detail}")
     checkpoints.update()
     if checkpoints.lost:
