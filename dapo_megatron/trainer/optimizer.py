@@ -89,9 +89,55 @@ def sharded_optimizer_state(
     """The optimizer's state as a `dist_checkpointing` sharded state dict, keyed by the global tensors of
     `model_state` (the unwrapped model's `sharded_state_dict()`), so it saves and loads under any
     TP x PP x DP layout. `is_loading`: a template to load into (allocates state a fresh optimizer lacks)."""
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+
     if is_loading:
         _allocate_distributed_state(optimizer)
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(parts) == 1 and isinstance(parts[0], Float16OptimizerWithFloat16Params):
+        return _mixed_precision_sharded_state(parts[0], model_state, is_loading)
     return optimizer.sharded_state_dict(model_state, is_loading, metadata=dict(_SHARDED_METADATA))
+
+
+def _mixed_precision_sharded_state(
+    part: Any, model_state: dict[str, Any], is_loading: bool
+) -> dict[str, Any]:
+    """Float16OptimizerWithFloat16Params.sharded_state_dict, with the same keys, for models that also hold
+    fp32 parameters (the local layers' norms): megatron-core 0.16.1 numbers the optimizer's parameters as
+    if all were bf16/fp16 and fails on the first fp32 one."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        make_sharded_optimizer_tensor,
+        optim_state_to_sharding_state,
+    )
+
+    if is_loading:
+        part.init_state_fn(part.optimizer, part.config)
+    state = part.state_dict()
+    # The inner optimizer holds, in the model's order, an fp32 master for each bf16/fp16 parameter and
+    # each fp32 parameter itself; torch numbers them in that order.
+    model_param_of = {
+        id(master): param
+        for params, masters in zip(part.float16_groups, part.fp32_from_float16_groups, strict=True)
+        for param, master in zip(params, masters, strict=True)
+    }
+    inner = [param for group in part.optimizer.param_groups for param in group["params"]]
+    by_id = get_param_id_to_sharded_param_map(model_state, [model_param_of.get(id(p), p) for p in inner])
+    index = {id(param): i for i, param in enumerate(inner)}
+    state["fp32_from_fp16_params"] = [
+        [
+            make_sharded_optimizer_tensor(
+                by_id[index[id(master)]], master, prefix="optimizer.state.fp32_param"
+            )
+            for master in masters
+        ]
+        for masters in part.fp32_from_float16_groups
+    ]
+    step = part._extract_common_per_param_step(state["optimizer"])
+    optim_state_to_sharding_state(state["optimizer"], by_id, exclude_keys="step")
+    if step:
+        state["optimizer"]["state"]["common_step"] = step
+    return state
 
 
 # The distributed optimizer saves in 'fully_reshardable' form: its shards are gathered over DP and stored

@@ -52,6 +52,9 @@ class Policy:
             checkpoint.load_model(self.model, self.job.trainer.load)
         else:
             load_hf_weights(self.model, self.job.model.hf_dir, self.job.model, self.layout)
+        # The optimizer copied the bf16 weights it was built over into its fp32 masters, and writes the
+        # masters back after each step: without this the first step would restore the random initialisation.
+        self.actor.optimizer.reload_model_params()
         return 0, None
 
     def save(self, step: int, rollout_state: dict[str, Any] | None) -> Path:
