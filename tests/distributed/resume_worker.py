@@ -16,24 +16,29 @@ the step, the same in every layout. Rank 0 writes every phase's final full weigh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 from equivalence_worker import dapo_rows, model_config
 
-# (name, layout X, layout Y) as ParallelConfig keyword arguments, for two processes.
+# (name, parameter dtype, layout X, layout Y) with ParallelConfig keyword arguments, for two processes. bf16
+# parameters beside the local layers' fp32 norms take megatron-core's mixed-precision optimizer, whose fp32
+# masters are saved too; in one layout its resume is bit-exact.
 RESHARD_CASES = (
     (
         "zero1_dp2_to_tp2",
+        "float32",
         {"use_distributed_optimizer": True},
         {"tensor_model_parallel_size": 2, "use_distributed_optimizer": True},
     ),
-    ("tp2_to_pp2", {"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}),
+    ("tp2_to_pp2", "float32", {"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}),
+    ("bf16_tp2", "bfloat16", {"tensor_model_parallel_size": 2}, {"tensor_model_parallel_size": 2}),
 )
 
 
-def build(parallel_kwargs: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
+def build(parallel_kwargs: dict[str, Any], seed: int, dtype: str = "float32") -> tuple[Any, Any, Any]:
     """(layout, DDP-wrapped model, actor) under a fresh set of model-parallel groups."""
     from megatron.core import parallel_state
 
@@ -47,7 +52,7 @@ def build(parallel_kwargs: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    cfg = model_config()
+    cfg = dataclasses.replace(model_config(), params_dtype=dtype)
     parallel = ParallelConfig(**parallel_kwargs)
     layout = initialize(parallel, seed=seed)
     model = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
@@ -112,20 +117,21 @@ def reshard(root: Path) -> None:
     from dapo_megatron.models.weights import gather_full_state
 
     results = {}
-    for name, before, after in RESHARD_CASES:
-        case = root / name
-        layout, model, actor = build(before, seed=7)
-        checkpoint.save_model(model, case / "init", 0, model_config(), layout)
+    for name, dtype, before, after in RESHARD_CASES:
+        case, cfg = root / name, dataclasses.replace(model_config(), params_dtype=dtype)
+        layout, model, actor = build(before, seed=7, dtype=dtype)
+        checkpoint.save_model(model, case / "init", 0, cfg, layout)
         for step in (1, 2):
             train_step(actor, layout, step, seeded=True)
         checkpoint.save_model(
-            model, case / "checkpoints", 2, model_config(), layout, training=actor, shared_state={"step": 2}
+            model, case / "checkpoints", 2, cfg, layout, training=actor, shared_state={"step": 2}
         )
         weights = {}
         for phase in ("resumed", "moments_reset", "uninterrupted"):
-            layout, model, actor = build(after, seed=8)
+            layout, model, actor = build(after, seed=8, dtype=dtype)
             if phase == "uninterrupted":
                 checkpoint.load_model(model, case / "init")
+                actor.optimizer.reload_model_params()  # masters from the loaded bf16 weights, as in Policy
                 steps = [1, 2, 3]
             else:
                 checkpoint.load_model(model, case / "checkpoints")
@@ -138,7 +144,7 @@ def reshard(root: Path) -> None:
                         state["exp_avg_sq"].zero_()
             for step in steps:
                 train_step(actor, layout, step, seeded=True)
-            weights[phase] = gather_full_state(model, model_config(), layout)
+            weights[phase] = gather_full_state(model, cfg, layout)
         results[name] = weights
     if layout.rank == 0:
         torch.save(results, root / "reshard.pt")
