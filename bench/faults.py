@@ -165,20 +165,23 @@ class Footprint:
         new = set(os.listdir("/dev/shm")) - self.shm_before
         carrying_pid = {f"/dev/shm/{n}" for n in new if pids & set(re.split(r"[_.\-]", n))}
         shm = sorted(path for path in self.shm | carrying_pid if os.path.exists(path))
-        temp = sorted(os.listdir(self.tmpdir)) if self.tmpdir.exists() else []
+        # torch's compile cache stays in TMPDIR on purpose, for the next process; not a leak.
+        entries = os.listdir(self.tmpdir) if self.tmpdir.exists() else []
+        temp = sorted(name for name in entries if not name.startswith("torchinductor_"))
         return self.alive(), shm, temp
 
     def settle(self, grace_s: float = GRACE_S) -> tuple[int, int, int, str]:
-        """Wait up to `grace_s` for everything of the run to go; count and remove what stays."""
+        """Wait up to `grace_s` for the run's processes and shared memory to go (temp files of a killed
+        process stay whatever the wait); count and remove what stays."""
         deadline = time.monotonic() + grace_s
         while True:
             processes, shm, temp = self.leftovers()
-            if not (processes or shm or temp) or time.monotonic() > deadline:
+            if not (processes or shm) or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         detail = ""
         if processes or shm or temp:
-            names = [f"{p.pid}:{_name(p)}" for p in processes]
+            names = [f"{p.pid}:{_name(p)} {' '.join(_cmdline(p))[:120]}" for p in processes]
             detail = f"left: processes {names} shm {shm} temp {temp[:5]}"
         for process in processes:
             with contextlib.suppress(psutil.Error):
@@ -210,6 +213,13 @@ def _not_zombie(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _name(process: psutil.Process) -> str:
