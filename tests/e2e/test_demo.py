@@ -14,13 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dapo_megatron.trainer.evaluate import eval_accuracy as held_out
 from tests.conftest import REPO, free_port
+from tests.metric_tags import ALWAYS, concrete, documented, readme_tags
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+def run(args: list[str], timeout: float, *, warnings: str = "ignore") -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS=warnings)
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(
@@ -29,9 +31,12 @@ def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return proc
 
 
+def read_records(run_dir: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+
+
 def eval_accuracy(run_dir: Path) -> dict[int, float]:
-    lines = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
-    return {int(m["step"]): m["eval/accuracy"] for m in map(json.loads, lines) if "eval/accuracy" in m}
+    return {int(m["step"]): acc for m in read_records(run_dir) if (acc := held_out(m)) is not None}
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +61,25 @@ def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
             "trainer.total_steps=80",
             "eval.every=40",
             "trainer.save_every=40",
-            "trainer.on_unfilled_batch=train",
         ],
         timeout=1800,
     )
     accuracy = eval_accuracy(out)
     assert set(accuracy) == {0, 40, 80}
     assert accuracy[0] < 0.3
-    # Seen on this machine: +0.08 to +0.1 after 40 steps, +0.2 after 80 (the rise steepens later: 0.8 near
-    # step 200). The 200 held-out problems put the noise of a difference near 0.045, so 0.1 fails only
-    # when the policy did not learn.
+    # Seen on this machine: +0.08 to +0.1 after 40 steps, +0.2 after 80 (the rise steepens later: the demo's
+    # 130 steps end past 0.8). The 200 held-out problems put the noise of a difference near 0.045, so 0.1
+    # fails only when the policy did not learn.
     assert max(accuracy[40], accuracy[80]) >= accuracy[0] + 0.1, f"no learning: {accuracy}"
     assert "step 80/80 |" in proc.stdout and "eval_acc" in proc.stdout
+    # README's Monitoring table: every tag it marks as always written is, and nothing it does not list.
+    tags = readme_tags()
+    written = {name for record in read_records(out) for name in record} - {"step"}
+    always = {concrete(tag, data_source="math_dapo", k=1) for tag, when in tags.items() if when in ALWAYS}
+    assert always <= written, f"README lists tags the run did not write: {sorted(always - written)}"
+    assert all(documented(name, tags) for name in written), sorted(
+        n for n in written if not documented(n, tags)
+    )
     assert (out / "checkpoints" / "iter_0000080" / "trainer_state.pt").exists()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -95,11 +107,10 @@ def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tm
             "eval.every=0",
             "rollout.sync_check=always",
             "rollout.num_engines=2",
-            "trainer.on_unfilled_batch=train",
         ],
         timeout=900,
     )
-    records = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    records = read_records(out)
     assert [r["step"] for r in records] == [0, 1, 2]
     startup = records[0]  # logged once, before the first step
     assert (
@@ -112,8 +123,7 @@ def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tm
 
 
 def step_records(run_dir: Path) -> dict[int, dict[str, float]]:
-    lines = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
-    return {int(m["step"]): m for m in map(json.loads, lines) if "rollout/score" in m}
+    return {int(m["step"]): m for m in read_records(run_dir) if "critic/score/mean" in m}
 
 
 def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_ahead(
@@ -132,28 +142,33 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
         "trainer.overlap_rollout=true",
         "trainer.total_steps=3",
         "eval.every=0",
-        "trainer.on_unfilled_batch=train",
     ]
     out = tmp_path / "run"
     proc = run([*common, f"output_dir={out}", "trainer.save_every=1"], timeout=900)
     records = step_records(out)
     assert sorted(records) == [1, 2, 3] and " wait " in proc.stdout
-    assert records[1]["rollout/policy_lag_max"] == 0  # the first batch is generated before any update
+    assert readme_tags()["timing_s/gen_wait"] == "`trainer.overlap_rollout`"
+    assert all("timing_s/gen_wait" in record for record in records.values())
+    assert records[1]["policy_lag/max"] == 0  # the first batch is generated before any update
     # Step 2's batch: generated during update 1 with the first weights, like the groups it carried over.
-    assert records[2]["rollout/policy_lag_min"] == records[2]["rollout/policy_lag_max"] == 1
-    assert records[3]["rollout/policy_lag_min"] == 1
+    assert records[2]["policy_lag/min"] == records[2]["policy_lag/max"] == 1
+    assert records[3]["policy_lag/min"] == 1
     resumed = tmp_path / "resumed"
-    run(
+    proc = run(
         [*common, f"output_dir={resumed}", f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"],
         timeout=900,
+        warnings="default",
     )
+    # The start-up says what the checkpoint restored, and the checkpoint loading's deprecations stay quiet.
+    assert f"resumed from {out / 'checkpoints' / 'iter_0000002'} at step 2: restored model" in proc.stdout
+    assert "the batch generated ahead" in proc.stdout and "FutureWarning" not in proc.stderr
     again = step_records(resumed)
     assert sorted(again) == [3]
     for key in (
-        "rollout/score",
+        "critic/score/mean",
         "rollout/accuracy",
-        "rollout/response_length",
-        "rollout/policy_lag_mean",
+        "response_length/mean",
+        "policy_lag/mean",
         "dynamic_sampling/kept_groups",
         "actor/pg_loss",
         "actor/pg_clipfrac",
@@ -181,7 +196,6 @@ def test_the_engine_takes_the_trainers_cores_while_the_trainer_waits(demo_base: 
             "rollout.cpu_idle_cores=true",
             "trainer.total_steps=2",
             "eval.every=0",
-            "trainer.on_unfilled_batch=train",
         ],
         timeout=900,
     )
