@@ -1,22 +1,21 @@
-"""SGLangEngine against a real SGLang server on CPU: start, health, memory release/resume, death
-detection, failed and slow starts, and shutdown leaving no processes, also when the trainer gets SIGTERM.
+"""SGLangEngine against a real SGLang server on CPU: start, health, memory release/resume, API key, death
+detection, failed and slow starts, and shutdown leaving no processes (when the trainer is killed:
+test_engine_cleanup.py).
 
 At most one server runs at a time: the module's shared engine is killed (by the death test) before
-the SIGTERM test starts its own."""
+the tests that start their own."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import requests
 import torch
 
 from dapo_megatron.data import char_tokenizer
@@ -24,13 +23,11 @@ from dapo_megatron.rollout.client import RolloutClient, RolloutError
 from dapo_megatron.rollout.engine import (
     EngineError,
     SGLangEngine,
-    free_port,
     liveness_check,
     raise_if_any_died,
     read_log_tail,
 )
 from dapo_megatron.rollout.weight_sync import WeightSyncError, post_all
-from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
 
 pytestmark = pytest.mark.sglang
@@ -128,11 +125,42 @@ def test_the_trainer_sets_the_engines_threads_for_its_next_forward_pass(
     assert changes()[-1].endswith("engine computes on 1 intra-op threads")
 
 
+def test_only_holders_of_the_key_get_an_answer(engine: SGLangEngine) -> None:
+    """Generation and every control endpoint refuse a request without the engine's key or with another one;
+    health checks (which carry no secret) stay open; the key is in no log and no command line."""
+    requests_ = {
+        "/generate": {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}},
+        "/update_weights_from_tensor": {"serialized_named_tensors": [], "flush_cache": False},
+        "/release_memory_occupation": {},
+        "/init_weights_update_group": {
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "x",
+            "backend": "gloo",
+        },
+    }
+    for path, body in requests_.items():
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": engine.api_key}):
+            answer = requests.post(engine.url + path, json=body, headers=headers, timeout=30)
+            assert answer.status_code in (401, 403), (path, headers, answer.status_code, answer.text[:200])
+    assert requests.get(engine.url + "/health", timeout=30).status_code == 200
+    keyed = {"Authorization": f"Bearer {engine.api_key}"}
+    answer = requests.post(engine.url + "/generate", json=requests_["/generate"], headers=keyed, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["output_ids"]) == 1
+    engine.release_memory()  # an admin endpoint, through the engine's own session
+    engine.resume_memory()
+    assert engine.api_key not in engine.log_file.read_text()
+    assert "api_key': '<redacted>'" in engine.log_file.read_text()  # SGLang printed it, the guard replaced it
+    assert all(engine.api_key not in " ".join(p.cmdline()) for p in process_tree(engine.pid))
+
+
 def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngine) -> None:
     tree = process_tree(engine.pid)
     assert len(tree) >= 3
     record = engine.record()  # how another rank knows this engine
-    os.kill(engine.pid, signal.SIGKILL)  # the launcher; its scheduler and detokenizer are orphaned
+    os.kill(engine.pid, signal.SIGKILL)  # the guard; the server and its workers die with it
     deadline = time.monotonic() + 10
     while engine.is_alive() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -185,37 +213,3 @@ def test_port_in_use_is_refused_before_launch(tiny_model_dir: Path, tmp_path: Pa
         with pytest.raises(EngineError, match="already in use"):
             engine.start()
     assert engine.pid is None
-
-
-TRAINER = textwrap.dedent("""
-    import sys, time
-    from dapo_megatron.rollout.config import RolloutConfig
-    from dapo_megatron.rollout.engine import SGLangEngine, install_sigterm_handler
-
-    install_sigterm_handler()
-    cfg = RolloutConfig(dtype="float32", max_total_tokens=4096, startup_timeout_s=180.0)
-    engine = SGLangEngine(sys.argv[1], cfg, log_file=sys.argv[2], port=int(sys.argv[3])).start()
-    print(engine.pid, flush=True)
-    time.sleep(600)
-""")
-
-
-def test_shutdown_on_sigterm_to_the_trainer_leaves_no_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
-    args = [str(tiny_model_dir), str(tmp_path / "engine.log"), str(port)]
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, *args], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        server_pid = int(trainer.stdout.readline())  # type: ignore[union-attr]
-        tree = process_tree(server_pid)
-        assert len(tree) >= 3
-        trainer.send_signal(signal.SIGTERM)
-        # The handler shuts the engine down, then re-delivers SIGTERM, so the trainer still dies of it.
-        assert trainer.wait(timeout=60) == -signal.SIGTERM
-        assert [p.pid for p in tree if alive(p)] == []
-    finally:
-        trainer.kill()
-        trainer.wait()
-        for process in processes_with_argument(f"--port {port}"):  # only if the test failed
-            process.kill()
