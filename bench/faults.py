@@ -373,7 +373,9 @@ class Launch:
 
 def inject(kind: str, launch: Launch, start: int, rng: random.Random) -> tuple[bool, bool, str]:
     """Aim `kind` at a random step after `start` (the launch's first); (injected, landed, detail)."""
-    offset = rng.randint(1, 2)  # the first or second step of the launch
+    # The first or second step of the launch; of a fresh job the second or third, so that a checkpoint is
+    # committed before the fault.
+    offset = rng.randint(1, 2) + (start == 0)
     step = start + offset
     ph = launch.phases
     if kind == "kill_engine":
@@ -485,11 +487,16 @@ def run_chain(
     checkpoints = Checkpoints(out / "checkpoints")
     outcomes: list[Outcome] = []
     waiting: list[Outcome] = []  # faults whose recovery the next launch shows
+    pending_damage = False
     for index, (kind, damage) in enumerate(plan):
         checkpoints.update()
         expected = checkpoints.newest_intact()
         corruption: Outcome | None = None
-        if damage and checkpoints.committed - checkpoints.damaged:
+        # Damage only where an older complete checkpoint remains to fall back on (with none, the trainer's
+        # refusal to start is the right answer, and the chain could not go on); else at a later launch.
+        pending_damage = pending_damage or damage
+        if pending_damage and len(checkpoints.committed - checkpoints.damaged - checkpoints.lost) >= 2:
+            pending_damage = False
             newest = checkpoints.newest_intact()
             if newest:
                 detail = corrupt(out / "checkpoints" / f"iter_{newest:07d}", rng)
