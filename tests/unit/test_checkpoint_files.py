@@ -48,10 +48,7 @@ def test_a_truncated_trainer_state_is_skipped_with_its_reason(
     state = damaged / checkpoint.TRAINER_STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
     assert checkpoint.resolve(tmp_path) == older
-    assert (
-        f"iter_0000010 ({checkpoint.TRAINER_STATE_FILE} has 100 bytes, the manifest says"
-        in caplog.text
-    )
+    assert f"iter_0000010 ({checkpoint.TRAINER_STATE_FILE} has 100 bytes, the manifest says" in caplog.text
     with pytest.raises(ValueError, match="iter_0000010 is incomplete or damaged"):
         checkpoint.resolve(damaged)  # named explicitly: no silent substitute
 
@@ -166,7 +163,9 @@ def test_training_state_loads_without_running_pickled_code(tmp_path: Path) -> No
 
 def test_a_resume_refuses_model_only_and_per_rank_optimizer_checkpoints(tmp_path: Path) -> None:
     directory = make_checkpoint(tmp_path, 2, manifest=False)
-    with pytest.raises(FileNotFoundError, match=r"model-only checkpoint\): start from its weights alone with "):
+    with pytest.raises(
+        FileNotFoundError, match=r"model-only checkpoint\): start from its weights alone with "
+    ):
         checkpoint.require_training_state(directory)
     # What earlier versions wrote per rank: the optimizer's state_dict beside the RNG states.
     legacy = {"layout": {"world": 1}, "optimizer": {"state": {0: {"exp_avg": torch.zeros(3)}}}, "rng": {}}
