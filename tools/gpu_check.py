@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import importlib.util
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.trainer.actor import PolicyRows
+from dapo_megatron.versions import package_version
 
 DEFAULT_MODEL = "qwen2.5-0.5b"
 ENGINE_OVERRIDES = (
@@ -146,15 +146,6 @@ def random_rows(batch_size: int, seq_length: int, vocab_size: int, seed: int) ->
     return PolicyRows(tokens=tokens, response_mask=response_mask, advantages=advantages)
 
 
-def _package_version(distribution: str, module: str) -> str | None:
-    if importlib.util.find_spec(module) is None:
-        return None
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:  # source builds in NVIDIA's containers
-        return getattr(importlib.import_module(module), "__version__", "unknown")
-
-
 def _synchronize(check: Check) -> None:
     if check.on_gpu:
         torch.cuda.synchronize()
@@ -187,9 +178,9 @@ def stage_environment(check: Check) -> str:
         )
     versions = {
         "torch": torch.__version__,
-        "megatron-core": _package_version("megatron-core", "megatron.core"),
-        "transformer-engine": _package_version("transformer-engine", "transformer_engine"),
-        "sglang": _package_version("sglang", "sglang"),
+        "megatron-core": package_version("megatron-core"),
+        "transformer-engine": package_version("TE"),
+        "sglang": package_version("SGLang"),
     }
     parts = [f"{name} {version or 'not installed'}" for name, version in versions.items()]
     if check.on_gpu:

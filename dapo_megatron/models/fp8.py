@@ -13,8 +13,6 @@ the CPU tests use it without torch or TE. The environment checks take their inpu
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,14 +169,11 @@ class Fp8Environment:
 def detect_environment() -> Fp8Environment:
     import torch
 
-    te_version = None
-    if importlib.util.find_spec("transformer_engine") is not None:
-        try:
-            te_version = _major_minor(importlib.metadata.version("transformer-engine"))
-        except importlib.metadata.PackageNotFoundError:  # source builds in NVIDIA's containers
-            import transformer_engine
+    from dapo_megatron.versions import package_version
 
-            te_version = _major_minor(transformer_engine.__version__)
+    installed = package_version("TE")
+    # "unknown": a source build with neither metadata nor __version__; FP8 then refuses with the reason.
+    te_version = _major_minor(installed) if installed and installed != "unknown" else None
     if not torch.cuda.is_available():
         return Fp8Environment(te_version=te_version, cuda_available=False)
     return Fp8Environment(

@@ -5,38 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from dapo_megatron.config import JobConfig
+from dapo_megatron.versions import PACKAGES, package_version
 
 REPO = Path(__file__).resolve().parents[2]
 
-DISTRIBUTIONS = {
-    "torch": ("torch",),
-    "megatron-core": ("megatron-core", "megatron_core"),
-    "SGLang": ("sglang",),
-    "TE": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
-}
-"""The banner's names for the packages whose versions decide behaviour, and their distribution names."""
-
 
 def versions() -> dict[str, str]:
-    """Installed version of each of `DISTRIBUTIONS`, `-` when absent. Read from package metadata: importing
-    SGLang or Transformer Engine to ask would cost seconds."""
-    found = {}
-    for label, names in DISTRIBUTIONS.items():
-        found[label] = "-"
-        for name in names:
-            try:
-                found[label] = metadata.version(name)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return found
+    """Installed version of each of `versions.PACKAGES`, `-` when absent."""
+    return {label: package_version(label) or "-" for label in PACKAGES}
 
 
 def git_commit(repo: Path = REPO) -> str:
