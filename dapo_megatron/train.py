@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from dapo_megatron.distributed.launch import process_env
     from dapo_megatron.distributed.layout import initialize, shutdown
+    from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir
     from dapo_megatron.distributed.timeout import collective_timeout
 
     args = sys.argv[1:] if argv is None else argv
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         preflight.check_job(job)  # before the engine and the policy start: a typo costs seconds, not minutes
     except CONFIG_ERRORS as error:
         return report_config_error(error)
+    use_run_tmpdir()  # before anything makes temporary files: none outlives the run, even a killed one
     try:
         # The process groups start inside the set-up: on CPU after the engine launched (`trainer/setup.py`).
         train(

@@ -20,6 +20,11 @@ that: the `sglang_loads_*` slot files it saw them hold open, and torch's `torch_
 pids (torch's shared-memory manager, which would remove those, dies in the same session). The server process
 itself dies at once should the guard be killed (`_die_with`).
 
+Should the trainer be killed (SIGKILL: no handler of its own runs), the guard also stops what the trainer
+started in its own session and would otherwise outlive it (megatron-core's checkpoint-writer manager,
+multiprocessing's resource tracker and fork server, the reward workers), and removes the trainer's temporary
+folder (`distributed/run_tmpdir.py`).
+
 Import-light on purpose (no torch, no SGLang): it is one more process per engine for the whole job.
 """
 
@@ -37,8 +42,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+
+from dapo_megatron.distributed.run_tmpdir import RUN_TMPDIR_ENV
 
 API_KEY_ENV = "DAPO_ENGINE_API_KEY"
 REDACTED = "<redacted>"
@@ -52,9 +61,18 @@ _SLOT_FILES = "sglang_loads_"
 _TORCH_SEGMENT = re.compile(r"torch_(\d+)_")
 
 
-def session_members(session: int) -> list[int]:
-    """Pids of the living (not zombie) processes of `session`."""
-    members = []
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    session: int
+    started: int
+    """Start time in clock ticks since boot: with the pid, it names one process even after pids are reused."""
+
+
+def living_processes() -> list[ProcStat]:
+    """Every living (not zombie) process of this machine's pid namespace."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -62,11 +80,32 @@ def session_members(session: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        # state, ppid, pgrp, session follow the command name, which may hold spaces and parentheses
-        state, _, _, sid = stat[stat.rindex(")") + 2 :].split()[:4]
-        if int(sid) == session and state != "Z":
-            members.append(int(entry))
-    return members
+        # The fields after the command name, which may hold spaces and parentheses: state, ppid, pgrp,
+        # session, ..., starttime (the 20th).
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            found.append(ProcStat(int(entry), int(fields[1]), int(fields[3]), int(fields[19])))
+    return found
+
+
+def session_members(session: int) -> list[int]:
+    """Pids of the living processes of `session`."""
+    return [proc.pid for proc in living_processes() if proc.session == session]
+
+
+def descendants(root: int, session: int, table: list[ProcStat]) -> list[ProcStat]:
+    """The processes below `root` in `table` that are in `session` (other sessions, such as other engines'
+    guards, clean up after themselves)."""
+    children: dict[int, list[ProcStat]] = {}
+    for proc in table:
+        children.setdefault(proc.ppid, []).append(proc)
+    found, stack = [], [root]
+    while stack:
+        for proc in children.get(stack.pop(), []):
+            if proc.session == session:
+                found.append(proc)
+                stack.append(proc.pid)
+    return found
 
 
 def slot_files_held(pid: int) -> set[str]:
@@ -79,6 +118,19 @@ def slot_files_held(pid: int) -> set[str]:
                 if target.startswith(f"{_SHM}/{_SLOT_FILES}"):
                     names.add(target[len(str(_SHM)) + 1 :])
     return names
+
+
+def _still_alive(procs: Iterable[ProcStat]) -> list[ProcStat]:
+    """Those of `procs` still running: the same pid and start time (their parent is init by now)."""
+    alive = {(proc.pid, proc.started) for proc in living_processes()}
+    return [proc for proc in procs if (proc.pid, proc.started) in alive]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _exists(pid: int) -> bool:
@@ -99,6 +151,9 @@ class Guard:
         self.pids_seen: set[int] = set()
         self.slot_files: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
+        self.trainer_session = os.getsid(parent)
+        self.trainer_children: dict[int, ProcStat] = {}
+        self.run_tmpdir = os.environ.get(RUN_TMPDIR_ENV)
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -108,6 +163,7 @@ class Guard:
                 signal.signal(signum, self._on_signal)
         if os.getppid() != self.parent:  # the trainer died while this process started
             self._remove_leftovers()
+            self._after_the_trainer()
             return 1
         env = dict(os.environ, TMPDIR=str(self.tmpdir))
         if self.key:
@@ -132,6 +188,8 @@ class Guard:
         code = self._stop_server()
         copier.join(timeout=5.0)
         self._remove_leftovers()
+        if os.getppid() != self.parent:
+            self._after_the_trainer()
         return code
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -146,10 +204,32 @@ class Guard:
                 log.flush()
 
     def _scan(self) -> None:
-        for pid in session_members(os.getpid()):
-            if pid != os.getpid():
-                self.pids_seen.add(pid)
-                self.slot_files |= slot_files_held(pid)
+        table = living_processes()
+        for proc in table:
+            if proc.session == os.getpid() and proc.pid != os.getpid():
+                self.pids_seen.add(proc.pid)
+                self.slot_files |= slot_files_held(proc.pid)
+        for proc in descendants(self.parent, self.trainer_session, table):
+            self.trainer_children[proc.pid] = proc
+
+    def _after_the_trainer(self) -> None:
+        """The trainer is gone without stopping what it started: SIGKILL its processes this guard saw, but
+        give multiprocessing's resource tracker a moment to leave by itself once the others are gone, as it
+        removes the semaphores and shared memory they registered."""
+        left = _still_alive(p for p in self.trainer_children.values() if p.pid != os.getpid())
+        tracker = [p for p in left if b"resource_tracker" in _cmdline(p.pid)]
+        for proc in left:
+            if proc not in tracker:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + GRACE_S
+        while (tracker := _still_alive(tracker)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for proc in tracker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+        if self.run_tmpdir:
+            shutil.rmtree(self.run_tmpdir, ignore_errors=True)
 
     def _stop_server(self) -> int:
         assert self.child is not None

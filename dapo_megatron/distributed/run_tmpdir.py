@@ -1,0 +1,44 @@
+"""A temporary folder of the trainer's own, for everything it and its children put in TMPDIR
+(multiprocessing's `pymp-*` folders, wandb's staging folders, the engine's sockets): removed when the trainer
+exits, and by the engine's guard (`rollout/engine_guard.py`) should the trainer be killed."""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+RUN_TMPDIR_ENV = "DAPO_RUN_TMPDIR"
+
+
+MAX_BASE_CHARS = 48
+"""Sockets live two levels below the folder (multiprocessing's `pymp-*/listener-*`, the engine's
+`dapo-engine-*/tmp*`), and AF_UNIX paths are limited to 107 bytes: under a longer TMPDIR the run keeps it."""
+
+
+def use_run_tmpdir() -> Path | None:
+    """Point this process's and its future children's TMPDIR at a new folder under the current one; once per
+    process (a second call returns the same folder). None, changing nothing, under a TMPDIR too long."""
+    existing = os.environ.get(RUN_TMPDIR_ENV)
+    if existing and tempfile.gettempdir() == existing:  # made by this process
+        return Path(existing)
+    base = tempfile.gettempdir()
+    if len(base) > MAX_BASE_CHARS:
+        return None
+    path = Path(tempfile.mkdtemp(prefix="dapo-", dir=base))
+    # torch's compile cache is meant to outlive the process: keep it where it would have been.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, f"torchinductor_{_user()}"))
+    os.environ["TMPDIR"] = os.environ[RUN_TMPDIR_ENV] = str(path)
+    tempfile.tempdir = str(path)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry in some containers
+        return str(os.getuid())

@@ -1,0 +1,86 @@
+"""A SIGKILLed trainer leaves nothing it started: the engine's guard (`rollout/engine_guard.py`) stops the
+processes the trainer started in its session (here a multiprocessing manager, as megatron-core's checkpoint
+writer starts one) and removes the trainer's temporary folder (`distributed/run_tmpdir.py`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+TRAINER = """
+import multiprocessing, os, subprocess, sys, time
+os.environ["PYTHONUNBUFFERED"] = "1"  # the server's start line reaches the guard's log at once
+from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir
+
+run = use_run_tmpdir()
+manager = multiprocessing.get_context("fork").Manager()
+queue = manager.Queue()
+(run / "pymp-like").mkdir()
+(run / "engine").mkdir()
+guard = subprocess.Popen(
+    [sys.executable, "-m", "dapo_megatron.rollout.engine_guard", "--parent", str(os.getpid()),
+     "--log", sys.argv[1], "--tmpdir", str(run / "engine"), "--", "http.server", "0", "--bind", "127.0.0.1"],
+    start_new_session=True,
+)
+print(manager._process.pid, guard.pid, run, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_trainer_leaves_no_process_and_no_temporary_file(tmp_path: Path) -> None:
+    # Short, as a TMPDIR must be for multiprocessing's sockets (`run_tmpdir.MAX_BASE_CHARS`).
+    tmpdir, log = Path(tempfile.mkdtemp(prefix="reap-")), tmp_path / "engine.log"
+    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(REPO))
+    env.pop("DAPO_RUN_TMPDIR", None)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(log)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert trainer.stdout is not None
+        manager, guard, run = trainer.stdout.readline().split()
+        assert Path(run).parent == tmpdir
+        deadline = time.monotonic() + 60
+        while "Serving HTTP" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # the guard has seen the trainer's processes (it looks every 2 s)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+        deadline = time.monotonic() + 30
+        while (_alive(int(manager)) or _alive(int(guard))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(int(manager)), "the trainer's multiprocessing manager outlived it"
+        assert not _alive(int(guard))
+        assert list(tmpdir.iterdir()) == [], "the trainer's temporary folder outlived it"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def test_a_tmpdir_too_long_for_sockets_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dapo_megatron.distributed import run_tmpdir
+
+    long_base = tmp_path / ("x" * run_tmpdir.MAX_BASE_CHARS)
+    long_base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_base))
+    monkeypatch.delenv(run_tmpdir.RUN_TMPDIR_ENV, raising=False)
+    assert run_tmpdir.use_run_tmpdir() is None
+    assert tempfile.gettempdir() == str(long_base) and run_tmpdir.RUN_TMPDIR_ENV not in os.environ
