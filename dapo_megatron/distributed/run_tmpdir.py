@@ -33,8 +33,15 @@ def use_run_tmpdir() -> Path | None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, f"torchinductor_{_user()}"))
     os.environ["TMPDIR"] = os.environ[RUN_TMPDIR_ENV] = str(path)
     tempfile.tempdir = str(path)
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    atexit.register(_remove_if_made_here, path, os.getpid())
     return path
+
+
+def _remove_if_made_here(path: Path, pid: int) -> None:
+    # Forked children (megatron-core's checkpoint writers, the reward pool) inherit this exit handler; the
+    # folder is the trainer's to remove, and still in use when they exit.
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _user() -> str:

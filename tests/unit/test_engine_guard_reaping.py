@@ -84,3 +84,28 @@ def test_a_tmpdir_too_long_for_sockets_is_kept(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delenv(run_tmpdir.RUN_TMPDIR_ENV, raising=False)
     assert run_tmpdir.use_run_tmpdir() is None
     assert tempfile.gettempdir() == str(long_base) and run_tmpdir.RUN_TMPDIR_ENV not in os.environ
+
+
+def test_a_forked_child_leaving_does_not_remove_the_trainers_folder(tmp_path: Path) -> None:
+    script = (
+        "import os, sys\n"
+        "from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir\n"
+        "run = use_run_tmpdir()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # exit handlers run, as in a forked worker that returns normally\n"
+        "os.waitpid(pid, 0)\n"
+        "print(run, run.is_dir())\n"
+    )
+    base = Path(tempfile.mkdtemp(prefix="fork-"))
+    try:
+        env = dict(os.environ, TMPDIR=str(base), PYTHONPATH=str(REPO))
+        env.pop("DAPO_RUN_TMPDIR", None)
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        run, still_there = out.stdout.split()
+        assert still_there == "True", out.stderr
+        assert not Path(run).exists(), "the trainer's own exit removes its folder"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
