@@ -275,7 +275,8 @@ def _serve(parent: int, module: str, args: list[str]) -> None:
     _die_with(parent)
     key = os.environ.pop(API_KEY_ENV, None)
     if key:
-        args = [*args, "--api-key", key, "--admin-api-key", key]
+        # `=`: a key may start with "-", which argparse would take for an option.
+        args = [*args, f"--api-key={key}", f"--admin-api-key={key}"]
     sys.argv = [module, *args]
     # As `python -m MODULE`: SGLang's spawned workers re-import MODULE as their main module.
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -47,7 +47,7 @@ def test_the_server_process_gets_the_key_as_api_and_admin_key(monkeypatch: pytes
         4321,
         (
             "sglang.launch_server",
-            ["sglang.launch_server", "--port", "1", "--api-key", "k3y", "--admin-api-key", "k3y"],
+            ["sglang.launch_server", "--port", "1", "--api-key=k3y", "--admin-api-key=k3y"],
             {"run_name": "__main__", "alter_sys": True},
         ),
     ]
@@ -97,3 +97,21 @@ def test_engines_listen_on_loopback_unless_the_job_spans_nodes(
     assert job_on_one_node(world_size, environ) is one_node
     host = engine_host(world_size, "node-0", environ)
     assert host == ("127.0.0.1" if one_node else "10.9.9.9 towards node-0")
+
+
+def test_a_key_that_starts_with_a_dash_reaches_sglang_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # token_urlsafe draws "-" as the first character once in 64 keys.
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    ran = []
+    monkeypatch.setenv(engine_guard.API_KEY_ENV, "-Kq3")
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    monkeypatch.setattr(runpy, "run_module", lambda module, **kw: ran.append(list(sys.argv)))
+    monkeypatch.setattr(engine_guard, "_die_with", lambda parent: None)
+    engine_guard.main(["--serve", "4321", "sglang.launch_server", "--model-path", "m"])
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parsed = parser.parse_args(ran[0][1:])
+    assert parsed.api_key == parsed.admin_api_key == "-Kq3"
