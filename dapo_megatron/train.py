@@ -185,13 +185,14 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
                 step_metrics["timing_s/step"] * layout.world_size
             )
             metrics.log(step_metrics, step)
-            now = time.perf_counter()
-            progress = Progress(
-                elapsed=now - IMPORTED_AT,
-                eta=(now - loop_started) / (step - first) * (job.trainer.total_steps - step),
-                last_eval=last_eval,
-            )
-            console.info(console_line(step, job.trainer.total_steps, step_metrics, progress))
+            if layout.is_logging_rank:  # the only rank holding every metric of the line
+                now = time.perf_counter()
+                progress = Progress(
+                    elapsed=now - IMPORTED_AT,
+                    eta=(now - loop_started) / (step - first) * (job.trainer.total_steps - step),
+                    last_eval=last_eval,
+                )
+                console.info(console_line(step, job.trainer.total_steps, step_metrics, progress))
             if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
                 session.save(step)
                 saved = step
