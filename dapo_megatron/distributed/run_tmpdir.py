@@ -5,9 +5,11 @@ exits, and by the engine's guard (`rollout/engine_guard.py`) should the trainer 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import getpass
 import os
-import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,9 +41,32 @@ def use_run_tmpdir() -> Path | None:
 
 def _remove_if_made_here(path: Path, pid: int) -> None:
     # Forked children (megatron-core's checkpoint writers, the reward pool) inherit this exit handler; the
-    # folder is the trainer's to remove, and still in use when they exit.
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)
+    # folder is the trainer's to remove, and still in use when they exit. Not removed from here: libtorch
+    # still uses files in it while the interpreter shuts down (removing them aborts the process with
+    # std::system_error), so a detached process removes it once this one is gone.
+    if os.getpid() != pid:
+        return
+    remover = (
+        "import shutil, sys, time\n"
+        "pid, path = sys.argv[1], sys.argv[2]\n"
+        "def running():\n"
+        "    try:\n"
+        "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "while running():\n"
+        "    time.sleep(0.05)\n"
+        "shutil.rmtree(path, ignore_errors=True)\n"
+    )
+    with contextlib.suppress(OSError):
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", remover, str(pid), str(path)],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+        )
 
 
 def _user() -> str:

@@ -106,6 +106,9 @@ def test_a_forked_child_leaving_does_not_remove_the_trainers_folder(tmp_path: Pa
         )
         run, still_there = out.stdout.split()
         assert still_there == "True", out.stderr
+        deadline = time.monotonic() + 30  # removed once the process is gone
+        while Path(run).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not Path(run).exists(), "the trainer's own exit removes its folder"
     finally:
         shutil.rmtree(base, ignore_errors=True)
