@@ -151,6 +151,8 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
         while step < job.trainer.total_steps and not stop.requested():
             step += 1
             started = time.perf_counter()
+            # Phase lines at DEBUG: where a hung or killed job was (bench/faults.py aims at them too).
+            console.debug("step %d: generate", step)
             groups, rollout_metrics = rollouts.collect()  # driving rank only
             rows, batch_metrics = rollouts.training_batch(groups, step)  # rewards, advantages
             if ahead and step < job.trainer.total_steps:
@@ -159,6 +161,7 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             fleet.release_memory()  # GPU: engine steps aside
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
             # CPU: the trainer also takes the cores the engine frees.
+            console.debug("step %d: update", step)
             train_metrics = update_policy(
                 policy.actor, share, off_policy=ahead, before_each_step=session.threads.take_idle_cores
             )
@@ -166,7 +169,9 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
                 actor_perf(job, rows, train_metrics["timing_s/update_actor"], layout.world_size, peak_tflops)
             )
             wait_seconds = rollouts.wait_for_ahead(session.threads)  # no weights enter mid-generation
+            console.debug("step %d: weight sync", step)
             sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
+            console.debug("step %d: synced", step)
             step_metrics = {
                 **rollout_metrics,
                 **batch_metrics,
@@ -194,7 +199,9 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
                 )
                 console.info(console_line(step, job.trainer.total_steps, step_metrics, progress))
             if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
+                console.debug("step %d: checkpoint", step)
                 session.save(step)
+                console.debug("step %d: checkpoint written", step)
                 saved = step
             if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
                 policy.export_hf(step)
