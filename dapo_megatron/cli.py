@@ -6,11 +6,12 @@ reported as `error: ...` on stderr without a traceback, and the process exits 2 
 
 from __future__ import annotations
 
+import functools
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec
 
 from dapo_megatron.config import ConfigError
 
@@ -21,11 +22,14 @@ __all__ = [
     "COMMON_FIELDS",
     "CONFIG_ERRORS",
     "report_config_error",
+    "reports_config_errors",
     "resolved_config",
     "split_cfg_flag",
     "usage",
     "wants_help",
 ]
+
+P = ParamSpec("P")
 
 OVERRIDES = """\
 usage: python -m dapo_megatron.train [KEY=VALUE ...] [--cfg job]     (also dapo-train, torchrun, srun)
@@ -137,11 +141,37 @@ def wants_help(argv: Sequence[str]) -> bool:
 
 
 def report_config_error(error: BaseException) -> int:
-    """Print `error` as one `error: ...` message (with the cause Hydra wraps, if any); return exit code 2."""
-    message = str(error).strip()
+    """Print `error` as one `error: ...` line (with the cause Hydra wraps, if any); return exit code 2."""
+    message = _one_line(str(error))
     cause = error.__cause__
     if cause is not None and not isinstance(error, ConfigError):
         # Hydra reports "Error merging override x=y" and keeps the reason on the cause.
         message += f": {str(cause).splitlines()[0]}" if str(cause) else ""
     print(f"error: {message}", file=sys.stderr, flush=True)
     return 2
+
+
+def _one_line(message: str) -> str:
+    """Hydra's multi-line messages as one line: the lines joined by "; ", the tab-indented items of a list
+    (Hydra's available options) by ", ", and its config search path left out (Hydra's, not the user's)."""
+    text = message.split("\nConfig search path:")[0].strip()
+    parts: list[str] = []
+    for line in filter(str.strip, text.splitlines()):
+        if parts and line.startswith("\t"):  # an item of the list the previous line opened
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line.strip()
+        else:
+            parts.append(line.strip())
+    return "; ".join(parts)
+
+
+def reports_config_errors(main: Callable[P, int]) -> Callable[P, int]:
+    """A console script's `main` whose config errors end as the trainer's do: `report_config_error`."""
+
+    @functools.wraps(main)
+    def reporting(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except CONFIG_ERRORS as error:
+            return report_config_error(error)
+
+    return reporting

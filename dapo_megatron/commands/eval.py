@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from dapo_megatron import config as job_config
-from dapo_megatron.config import JobConfig
+from dapo_megatron.cli import reports_config_errors
+from dapo_megatron.config import ConfigError, JobConfig
 from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
@@ -102,9 +103,10 @@ def _layout_or_exit(build: Callable[[], T]) -> T:
     try:
         return build()
     except ValueError as error:  # the message names the field and the fix
-        raise SystemExit(f"dapo-eval: {error}") from None
+        raise ConfigError(str(error)) from None
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     job = load_job(args.model, overrides)

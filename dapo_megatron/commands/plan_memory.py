@@ -15,19 +15,19 @@ import argparse
 import sys
 
 from dapo_megatron import config as job_config
+from dapo_megatron.cli import reports_config_errors
+from dapo_megatron.planning.memory import validate_for_cluster
 from dapo_megatron.planning.report import report
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     _, overrides = parser.parse_known_args(argv)
-    try:
-        job = job_config.to_job_config(job_config.compose(overrides))
-    except job_config.ConfigError as error:
-        print(f"ConfigError: {error}", file=sys.stderr)
-        return 2
+    job = job_config.to_job_config(job_config.compose(overrides))
+    validate_for_cluster(job)  # an impossible layout is reported here, as every entry point reports it
     return report(job, show_ranks=False)
 
 
