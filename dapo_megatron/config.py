@@ -29,8 +29,9 @@ from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.placement import engine_placement
 from dapo_megatron.trainer.config import EvalConfig, OptimConfig, TrainerConfig, WarmupConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-"""The Hydra config tree shipped with the repository."""
+CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
+"""The Hydra config tree: the checkout's `configs/` (through the link `dapo_megatron/configs`), or the copy an
+installed wheel carries in the package (pyproject.toml's package data)."""
 
 
 @dataclass
