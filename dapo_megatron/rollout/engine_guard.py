@@ -152,6 +152,8 @@ class Guard:
         self.slot_files: set[str] = set()
         self.child: subprocess.Popen[bytes] | None = None
         self.trainer_session = os.getsid(parent)
+        self.trainer = next((p for p in living_processes() if p.pid == parent), None)
+        self.trainer_cmdline = _cmdline(parent)
         self.trainer_children: dict[int, ProcStat] = {}
         self.run_tmpdir = os.environ.get(RUN_TMPDIR_ENV)
 
@@ -217,6 +219,7 @@ class Guard:
         give multiprocessing's resource tracker a moment to leave by itself once the others are gone, as it
         removes the semaphores and shared memory they registered."""
         left = _still_alive(p for p in self.trainer_children.values() if p.pid != os.getpid())
+        left += [p for p in self._late_forks() if p not in left]
         tracker = [p for p in left if b"resource_tracker" in _cmdline(p.pid)]
         for proc in left:
             if proc not in tracker:
@@ -230,6 +233,24 @@ class Guard:
                 os.kill(proc.pid, signal.SIGKILL)
         if self.run_tmpdir:
             shutil.rmtree(self.run_tmpdir, ignore_errors=True)
+
+    def _late_forks(self) -> list[ProcStat]:
+        """Children the trainer forked after the last scan (a checkpoint writer forked just before a SIGKILL):
+        orphaned now, they are in its session, started after it and still carry its command line. Its
+        siblings (other ranks under the same launcher) carry that command line too, but have the trainer's
+        parent; their own forks have a parent with that command line."""
+        if self.trainer is None:
+            return []
+        return [
+            proc
+            for proc in living_processes()
+            if proc.session == self.trainer_session
+            and proc.started >= self.trainer.started
+            and proc.ppid != self.trainer.ppid
+            and proc.pid not in (os.getpid(), self.parent)
+            and _cmdline(proc.pid) == self.trainer_cmdline
+            and _cmdline(proc.ppid) != self.trainer_cmdline
+        ]
 
     def _stop_server(self) -> int:
         assert self.child is not None

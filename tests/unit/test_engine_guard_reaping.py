@@ -33,6 +33,12 @@ guard = subprocess.Popen(
     start_new_session=True,
 )
 print(manager._process.pid, guard.pid, run, flush=True)
+sys.stdin.readline()
+late = os.fork()  # as a checkpoint writer forked just before the kill, after the guard's last look
+if late == 0:
+    time.sleep(600)
+    os._exit(0)
+print(late, flush=True)
 time.sleep(600)
 """
 
@@ -51,22 +57,30 @@ def test_a_killed_trainer_leaves_no_process_and_no_temporary_file(tmp_path: Path
     env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(REPO))
     env.pop("DAPO_RUN_TMPDIR", None)
     trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, str(log)], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", TRAINER, str(log)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        assert trainer.stdout is not None
+        assert trainer.stdout is not None and trainer.stdin is not None
         manager, guard, run = trainer.stdout.readline().split()
         assert Path(run).parent == tmpdir
         deadline = time.monotonic() + 60
         while "Serving HTTP" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)  # the guard has seen the trainer's processes (it looks every 2 s)
+        trainer.stdin.write("fork\n")
+        trainer.stdin.flush()
+        late = int(trainer.stdout.readline())
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
         deadline = time.monotonic() + 30
-        while (_alive(int(manager)) or _alive(int(guard))) and time.monotonic() < deadline:
+        while any(map(_alive, (int(manager), int(guard), late))) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _alive(int(manager)), "the trainer's multiprocessing manager outlived it"
+        assert not _alive(late), "a child the trainer forked just before its death outlived it"
         assert not _alive(int(guard))
         assert list(tmpdir.iterdir()) == [], "the trainer's temporary folder outlived it"
     finally:
