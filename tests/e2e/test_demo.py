@@ -48,8 +48,29 @@ def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+# A user's reward file, as README's "Your own reward function" shows: DAPO's grading (so the demo's learning
+# bar holds), and a line per call beside the file, written by whichever process calls it.
+USER_REWARD = """
+import os
+from pathlib import Path
+
+from dapo_megatron.rewards.math_dapo import compute_score
+
+CALLS = Path(__file__).with_name("calls.txt")
+
+
+def graded_by_user(data_source, solution_str, ground_truth, extra_info=None):
+    with CALLS.open("a") as calls:
+        calls.write(f"{os.getpid()} {data_source}\\n")
+    return compute_score(solution_str, ground_truth)
+"""
+
+
 def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
+    """The demo, graded by a user's reward file (reward.function_file) for training and evaluation."""
     out = tmp_path / "run"
+    user_file = tmp_path / "user_reward.py"
+    user_file.write_text(USER_REWARD)
     proc = run(
         [
             sys.executable,
@@ -61,9 +82,19 @@ def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
             "trainer.total_steps=80",
             "eval.every=40",
             "trainer.save_every=40",
+            f"reward.function_file={user_file}",
+            "reward.function_name=graded_by_user",
         ],
         timeout=1800,
     )
+    # Every trained sample and every held-out answer (200 problems at steps 0, 40, 80) went through the user's
+    # function, in the reward workers, not in the trainer.
+    calls = [line.split() for line in (tmp_path / "calls.txt").read_text().splitlines()]
+    steps = [record for record in read_records(out) if "dynamic_sampling/kept_groups" in record]
+    trained = sum(record["dynamic_sampling/kept_groups"] for record in steps) * 16
+    assert len(calls) >= trained + 3 * 200, (len(calls), trained)
+    assert {source for _, source in calls} == {"math_dapo"}
+    assert len({pid for pid, _ in calls}) >= 2, "the reward pool's two workers"
     accuracy = eval_accuracy(out)
     assert set(accuracy) == {0, 40, 80}
     assert accuracy[0] < 0.3
