@@ -11,8 +11,15 @@
   (each column's digits, carry in, two-digit sum, digit written and carry out), ~110 characters: with the
   character tokenizer responses are ~110 tokens, so generation and training compute, not per-step
   overheads, set the step time.
+* `digit_sum`, the ablation ladder's (bench/ablation.py): 2 to 7 digits summed with their running sums,
+  `Solve: 3+5+2+8+1=? ` ->
+      3 8 10 18 19
+      Answer: 19
+  each step the demo's skill (a number up to 63 plus a digit), chained. Responses are 14-31 tokens with their
+  end-of-text, so how the loss weights short against long responses, and what happens to those that ramble
+  into the cap, change the gradient.
 
-Both are scored by the real DAPO scorer (`rewards.math_dapo`) on the final `Answer:` line only (the working
+All are scored by the real DAPO scorer (`rewards.math_dapo`) on the final `Answer:` line only (the working
 is not graded), so they exercise the same reward path as AIME training. Held-out evaluation problems are
 never trained on; the warm-up's problems are a subset of the RL prompts.
 """
@@ -20,12 +27,13 @@ never trained on; the warm-up's problems are a subset of the RL prompts.
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
 
 SPLITS = ("warmup", "rl", "eval")
-TASKS = ("addition", "column_addition")
+TASKS = ("addition", "column_addition", "digit_sum")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,15 @@ COLUMN_PROBLEMS = 20_000
 evaluation takes the first few hundred), 11000 for the warm-up, which sees each at most once or twice in a
 few hundred steps of 32, and 16000 RL prompts."""
 
+DIGIT_COUNTS = range(2, 8)
+"""How many digits a `digit_sum` prompt adds: the number of running sums, hence the response length,
+varies from 14 tokens (two digits, `3 8\nAnswer: 8` and end-of-text) to 31 (seven, sums past 9 from the
+second on)."""
+DIGIT_SUM_PER_COUNT = 200
+"""Distinct digit sequences drawn per count (all 100 of the two-digit ones), 1100 in all, split with the
+same fractions as `addition`: 220 held out (an evaluation takes 200), 880 RL prompts, 605 for the warm-up.
+Sequences are distinct in order, not as multisets: a reordering is another chain of running sums."""
+
 
 def warmed_up_on(summary: dict[str, Any]) -> tuple[str, int]:
     """The task and split seed of a base, from its warm-up's warmup_summary.json: its held-out problems are
@@ -88,19 +105,22 @@ def problems(split: str, *, seed: int = 0, task: str = "addition") -> list[Probl
 def _splits(task: str, seed: int) -> dict[str, tuple[Problem, ...]]:
     # Cached: the column task's 20000 worked solutions are built once per process, not once per split.
     if task == "addition":
-        pairs = [(a, b) for a in range(MAX_FIRST + 1) for b in range(MAX_SECOND + 1)]
-        random.Random(seed).shuffle(pairs)
+        operands = [(a, b) for a in range(MAX_FIRST + 1) for b in range(MAX_SECOND + 1)]
+        random.Random(seed).shuffle(operands)
         make = _addition
-    else:
-        pairs = _column_pairs(seed)
+    elif task == "column_addition":
+        operands = _column_pairs(seed)
         make = _column_addition
-    held_out = len(pairs) - int(HELD_OUT_FRACTION * len(pairs))
+    else:
+        operands = _digit_sequences(seed)
+        make = _digit_sum
+    held_out = len(operands) - int(HELD_OUT_FRACTION * len(operands))
     chosen = {
-        "warmup": pairs[: int(WARMUP_FRACTION * len(pairs))],
-        "rl": pairs[:held_out],
-        "eval": pairs[held_out:],
+        "warmup": operands[: int(WARMUP_FRACTION * len(operands))],
+        "rl": operands[:held_out],
+        "eval": operands[held_out:],
     }
-    return {split: tuple(make(a, b) for a, b in chosen[split]) for split in SPLITS}
+    return {split: tuple(make(*item) for item in chosen[split]) for split in SPLITS}
 
 
 def _addition(a: int, b: int) -> Problem:
@@ -130,3 +150,27 @@ def _column_addition(a: int, b: int) -> Problem:
         lines.append(f"{name}: {x}+{y}+{carry}={total:02d} write {total % 10} carry {total // 10}\n")
         carry = total // 10
     return Problem(prompt=f"Solve: {a}+{b}=? ", answer=str(a + b), working="".join(lines))
+
+
+def _digit_sequences(seed: int) -> list[tuple[int, ...]]:
+    """`DIGIT_SUM_PER_COUNT` distinct digit sequences of each length in `DIGIT_COUNTS` (every one where fewer
+    exist), shuffled together: each split gets every length in about the same shares."""
+    rng = random.Random(seed)
+    sequences: list[tuple[int, ...]] = []
+    for count in DIGIT_COUNTS:
+        drawn: set[tuple[int, ...]] = set()
+        while len(drawn) < min(DIGIT_SUM_PER_COUNT, 10**count):
+            drawn.add(tuple(rng.randrange(10) for _ in range(count)))
+        sequences += sorted(drawn)  # sorted: a set's order is not reproducible across processes
+    rng.shuffle(sequences)
+    return sequences
+
+
+def _digit_sum(*digits: int) -> Problem:
+    """The running sums, the first digit's included, on one line: the last of them is the answer."""
+    sums = list(itertools.accumulate(digits))
+    return Problem(
+        prompt=f"Solve: {'+'.join(map(str, digits))}=? ",
+        answer=str(sums[-1]),
+        working=" ".join(map(str, sums)) + "\n",
+    )

@@ -3,6 +3,7 @@ DAPO's scorer grades their final answers."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -108,6 +109,53 @@ def test_column_lengths_fit_the_benchmark_budget() -> None:
     assert max(len(char_tokenizer.encode(p.prompt)) for p in problems) <= 32
     # Both lengths occur: sums with and without a carry out of the top column.
     assert len(response) == 2
+
+
+def digits(problem: arithmetic.Problem) -> list[int]:
+    return [int(d) for d in problem.prompt.removeprefix("Solve: ").removesuffix("=? ").split("+")]
+
+
+def test_digit_sum_splits_are_disjoint_and_deterministic() -> None:
+    warmup, rl, held_out = (prompts(split, task="digit_sum") for split in arithmetic.SPLITS)
+    assert not held_out & rl and warmup < rl
+    per_count = [min(arithmetic.DIGIT_SUM_PER_COUNT, 10**n) for n in arithmetic.DIGIT_COUNTS]
+    assert len(rl) + len(held_out) == sum(per_count)
+    assert len(held_out) == round(arithmetic.HELD_OUT_FRACTION * sum(per_count))
+    assert arithmetic.problems("eval", task="digit_sum") == arithmetic.problems("eval", task="digit_sum")
+    assert prompts("eval", seed=1, task="digit_sum") != prompts("eval", seed=0, task="digit_sum")
+
+
+def test_digit_sum_working_is_the_running_sums_and_ends_in_the_answer() -> None:
+    for problem in arithmetic.problems("eval", task="digit_sum"):
+        working, answer_line = problem.target.split("\n")
+        running = [int(n) for n in working.split(" ")]
+        assert running == list(itertools.accumulate(digits(problem)))
+        assert answer_line == f"Answer: {sum(digits(problem))}" == f"Answer: {problem.answer}"
+        assert compute_score(problem.target, problem.answer)["acc"]
+    # Only the answer line is graded: a wrong chain with the right answer still scores.
+    assert (
+        compute_score("1 2\nAnswer: 19", "19")["acc"] and not compute_score("1 19\nAnswer: 18", "19")["acc"]
+    )
+
+
+def test_digit_sum_lengths_vary_over_the_ladders_range() -> None:
+    """Every count of digits in every split, responses from 14 to 31 tokens (end-of-text included) spread
+    over that range, every character a token of its own, and prompts within the demo's 32-token limit."""
+    for split in arithmetic.SPLITS:
+        problems = arithmetic.problems(split, task="digit_sum")
+        assert {len(digits(p)) for p in problems} == set(arithmetic.DIGIT_COUNTS)
+        lengths = [len(char_tokenizer.encode(p.target)) + 1 for p in problems]
+        assert (min(lengths), max(lengths)) == (14, 31)
+        assert len(set(lengths)) >= 15
+        assert (
+            sum(n <= 20 for n in lengths) > len(lengths) / 5
+            and sum(n >= 26 for n in lengths) > len(lengths) / 5
+        )
+        for p in problems:
+            ids = char_tokenizer.encode(p.prompt + p.target)
+            assert char_tokenizer.VOCAB.index(char_tokenizer.UNK) not in ids
+            assert char_tokenizer.decode(ids) == p.prompt + p.target
+        assert max(len(char_tokenizer.encode(p.prompt)) for p in problems) <= 32
 
 
 def test_data_config_names_the_task() -> None:
