@@ -61,6 +61,7 @@ COMMON_FIELDS = {
     "algo.clip_ratio_high": "upper clip of the ratio (clip-higher)",
     "algo.overlong_buffer_length": "tokens before the cap where the soft length penalty starts",
     "reward.function": "your own scorer, module:function (or reward.function_file + reward.function_name)",
+    "reward.endpoint": "a reward service's URL, each sample POSTed to it as JSON (instead of a scorer)",
     "parallel.tensor_model_parallel_size": "tensor-parallel size of the policy",
     "output_dir": "checkpoints, logs and metrics.jsonl",
 }

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["CustomRewardFunction", "RewardFunctionError"]
+__all__ = ["CustomRewardFunction", "RewardFunctionError", "as_verdict"]
 
 _CALL_KEYWORDS = {"data_source": "", "solution_str": "", "ground_truth": ""}
 
@@ -98,14 +98,25 @@ class CustomRewardFunction:
 
     def __call__(self, solution: str, ground_truth: str, data_source: str) -> Mapping[str, object]:
         output = _loaded(self)(data_source=data_source, solution_str=solution, ground_truth=ground_truth)
-        if isinstance(output, bool):
-            return {"acc": output, "pred": ""}
-        if isinstance(output, Mapping):
-            return output  # the pool checks its types, as for the built-in scorer's
-        raise TypeError(
-            f"reward function {self.label} returned {output!r:.100} of type {type(output).__name__}; return "
-            "a bool or {'acc': bool, 'pred': str} (the rewards are reward.correct_score / reward.wrong_score)"
-        )
+        return as_verdict(output, f"reward function {self.label}")
+
+
+def as_verdict(output: object, source: str) -> Mapping[str, object]:
+    """A user's verdict (a function's return, a service's reply) as the pool's ``{"acc": ..., "pred": ...}``:
+    a bool becomes ``{"acc": output, "pred": ""}``, a mapping passes (the pool checks its types, as for the
+    built-in scorer's).
+
+    Raises:
+        TypeError: for anything else, naming `source` ("reward function m:f") and the contract.
+    """
+    if isinstance(output, bool):
+        return {"acc": output, "pred": ""}
+    if isinstance(output, Mapping):
+        return output
+    raise TypeError(
+        f"{source} returned {output!r:.100} of type {type(output).__name__}; return a bool or "
+        "{'acc': bool, 'pred': str} (the rewards are reward.correct_score / reward.wrong_score)"
+    )
 
 
 _LOADED: dict[CustomRewardFunction, Callable[..., object]] = {}

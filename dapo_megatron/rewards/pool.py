@@ -4,7 +4,8 @@ Model output is arbitrary text, and some answers make a scorer slow (sympy) or c
 keeps the training job alive: a sample that runs past ``timeout_s`` has its worker killed and
 replaced and scores as wrong (status ``"timeout"``); a scorer exception, or a worker that dies,
 scores as wrong (status ``"error"``). Callers turn the statuses into ``reward/timeouts`` and
-``reward/errors`` with :func:`status_counts`.
+``reward/errors`` with :func:`status_counts`. Only a reward service that cannot score at all
+(:class:`~dapo_megatron.rewards.endpoint.RewardServiceError`) stops the scoring: every sample would fail.
 
 Workers are long-lived and receive small chunks of samples; each result comes back on its own so
 the parent always knows which sample a worker is on and when it started. Workers are started
@@ -34,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from typing import Literal, NamedTuple
 
 from dapo_megatron.rewards.config import RewardConfig
+from dapo_megatron.rewards.endpoint import RewardServiceError
 from dapo_megatron.rewards.registry import score_sample
 
 __all__ = ["RewardItem", "RewardPool", "RewardResult", "ScoreFn", "Status", "status_counts"]
@@ -45,6 +47,9 @@ ScoreFn = Callable[[str, str, str], Mapping[str, object]]
 a daemonic process, so it cannot start processes of its own."""
 
 Status = Literal["ok", "timeout", "error"]
+_Outcome = (
+    Status | Literal["unavailable"]
+)  # a worker's report; "unavailable" (the reward service) stops score()
 
 _MAX_CHUNK = 16  # samples per message: amortises IPC while keeping the load balanced
 _CHUNKS_PER_WORKER = 4
@@ -92,10 +97,12 @@ def _checked_output(output: object) -> tuple[bool, str]:
     return acc, pred
 
 
-def _grade(score_fn: ScoreFn, item: RewardItem) -> tuple[Status, bool, str, str]:
+def _grade(score_fn: ScoreFn, item: RewardItem) -> tuple[_Outcome, bool, str, str]:
     try:
         acc, pred = _checked_output(score_fn(item.solution, item.ground_truth, item.data_source))
         return "ok", acc, pred, ""
+    except RewardServiceError as error:
+        return "unavailable", False, "", str(error)
     except Exception as error:  # any scorer bug must cost one sample, not the job
         return "error", False, "", f"{type(error).__name__}: {error}"
 
@@ -142,14 +149,18 @@ class RewardPool:
     Args:
         config: worker count, timeout and the correct/wrong scores.
         score_fn: grading function; defaults to the user's ``config.function`` / ``config.function_file``
-            if set (:mod:`~dapo_megatron.rewards.custom`), else
+            if set (:mod:`~dapo_megatron.rewards.custom`), else the service at ``config.endpoint``
+            (:mod:`~dapo_megatron.rewards.endpoint`), else
             :func:`~dapo_megatron.rewards.registry.score_sample` with ``config``.
     """
 
     def __init__(self, config: RewardConfig, score_fn: ScoreFn | None = None) -> None:
         self._config = config
         self._score_fn: ScoreFn = (
-            score_fn or config.custom_function() or functools.partial(score_sample, config=config)
+            score_fn
+            or config.custom_function()
+            or config.reward_endpoint()
+            or functools.partial(score_sample, config=config)
         )
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         self._context = multiprocessing.get_context(method)
@@ -172,6 +183,9 @@ class RewardPool:
         """Grade ``items`` (``(solution, ground_truth, data_source)``), returning results in order.
 
         If this raises (e.g. KeyboardInterrupt, or a worker that cannot start), the pool is closed.
+
+        Raises:
+            RewardServiceError: the reward endpoint cannot score (unreachable after its retries, or refusing).
         """
         if self._closed:
             raise RuntimeError("RewardPool.score called after close()")
@@ -198,7 +212,9 @@ class RewardPool:
         self._workers.clear()
 
     # -- internals ---------------------------------------------------------------------------
-    def _result(self, status: Status, acc: bool, pred: str, error: str) -> RewardResult:
+    def _result(self, status: _Outcome, acc: bool, pred: str, error: str) -> RewardResult:
+        if status == "unavailable":
+            raise RewardServiceError(error)
         score = self._config.correct_score if acc else self._config.wrong_score
         return RewardResult(score=score, acc=acc, pred=pred, status=status, error=error)
 

@@ -120,7 +120,7 @@ def test_an_import_path_and_the_documented_example_config() -> None:
                 "reward.function=dapo_megatron.rewards.example:last_number_matches",
                 "reward.function_file=a.py",
             ],
-            r"name two reward functions; keep one",
+            r"reward\.function_file=a\.py each choose how samples are graded; keep one",
         ),
     ],
 )
