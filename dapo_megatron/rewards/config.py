@@ -55,7 +55,8 @@ class RewardConfig:
     ``{"acc": bool, "pred": str}``. Protocol, retries and errors: ``rewards.endpoint``."""
 
     endpoint_timeout_s: float = 2.0
-    """Seconds one request to ``endpoint`` may take before it counts as failed (and is retried)."""
+    """Seconds a request to ``endpoint`` waits for the connection, and for its reply, before it counts as
+    failed (and is retried)."""
 
     endpoint_retries: int = 2
     """Retries of a request that failed transiently (no connection, no reply in time, HTTP 429 or 5xx); after

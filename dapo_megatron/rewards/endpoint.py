@@ -102,7 +102,7 @@ class RewardEndpoint:
                 )
             failures.append(failure)
         raise RewardServiceError(
-            f"reward.endpoint={self.url} is unreachable: {len(failures)} attempts failed "
+            f"reward.endpoint={self.url} is unavailable: {len(failures)} attempts failed "
             f"(reward.endpoint_retries={self.retries}), the last with {failures[-1]}"
         )
 

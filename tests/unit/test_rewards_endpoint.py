@@ -120,7 +120,7 @@ def test_an_unreachable_service_stops_the_scoring_from_the_workers_naming_it() -
     with pytest.raises(RewardServiceError) as raised:
         pool.score([("Answer: 1", "1", "math")] * 3)
     message = str(raised.value)
-    assert message.startswith(f"reward.endpoint={nobody} is unreachable: 3 attempts failed")
+    assert message.startswith(f"reward.endpoint={nobody} is unavailable: 3 attempts failed")
     assert "(reward.endpoint_retries=2), the last with no connection" in message
     with pytest.raises(RuntimeError, match="after close"):  # score() closed the pool and its workers
         pool.score([("Answer: 1", "1", "math")])
