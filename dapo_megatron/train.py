@@ -132,6 +132,7 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             "startup/total_s": time.perf_counter() - IMPORTED_AT,
         }
         metrics.log(startup_metrics, step)
+        policy.offload_state()  # trainer.offload_during_rollout: in host memory until the first update
         console.info(
             "start-up: first weight sync %.1fs; ready in %.1fs",
             startup_metrics["startup/first_sync_s"],
@@ -159,6 +160,7 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
                 # The next batch, sampled by the weights before this update.
                 rollouts.generate_ahead(session.threads)
             fleet.release_memory()  # GPU: engine steps aside
+            moved_seconds = policy.reload_state()  # the training state back from host memory
             share = split_rows(rows, layout.dp_size, layout.dp_rank, job.trainer, multiple=multiple)
             # CPU: the trainer also takes the cores the engine frees.
             console.debug("step %d: update", step)
@@ -172,12 +174,15 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             console.debug("step %d: weight sync", step)
             sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
             console.debug("step %d: synced", step)
+            moved_seconds += policy.offload_state()  # the engine generates in the memory the state leaves
             step_metrics = {
                 **rollout_metrics,
                 **batch_metrics,
                 **train_metrics,
                 "timing_s/update_weights": sync_seconds,
             }
+            if job.trainer.offload_during_rollout:
+                step_metrics["timing_s/offload"] = moved_seconds
             if ahead:
                 step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:

@@ -5,7 +5,8 @@ Three phases share each GPU (see `rollout/fleet.py`):
 * **training**: the SGLang engine has released its weights and KV cache (`release_memory`); the trainer
   holds its persistent state plus the activations of the micro-batches in flight.
 * **rollout**: the engine holds its weights and KV cache; the trainer keeps its persistent state
-  (parameters, gradient buffers, optimizer) but no activations.
+  (parameters, gradient buffers, optimizer) but no activations, or, with `trainer.offload_during_rollout`,
+  nothing: that state waits in host memory (`trainer/offload.py`). The plan shows the phase both ways.
 * **weight sync**: the engine's weights are back, its KV cache not yet; the trainer gathers full tensors
   into buckets of `rollout.sync_bucket_mb`.
 
@@ -35,7 +36,10 @@ Sources of the byte counts:
 * Rollout: SGLang (`mem_cache/kv_cache_configurator.py`) sizes its KV pool from the memory free when the
   engine starts: weights + KV cache = mem_fraction_static x free memory. The trainer has built its
   model and optimizer by then; Adam's moments are allocated at the first optimizer step (torch, TE and
-  apex Adam all initialise them lazily), after the KV pool was sized.
+  apex Adam all initialise them lazily), after the KV pool was sized. With the trainer's state offloaded
+  the pool is sized against a GPU that holds none of it (only `cluster.reserved_gib`).
+* Offload time: the trainer's whole state crosses the host link twice per step, at
+  `HOST_DEVICE_GB_PER_S` (an assumption, below; nothing here has measured it).
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ FP32 = 4
 OPTIMIZER_MOMENTS = {"adam": 2, "sgd": 1}
 """fp32 state tensors per trained element: Adam's exp_avg and exp_avg_sq; SGD's momentum buffer."""
 RESERVED = "reserved (CUDA contexts, NCCL, fragmentation)"
+HOST_DEVICE_GB_PER_S = 25.0
+"""Pinned host <-> GPU copy bandwidth per GPU and direction in GB/s, all GPUs of a node copying at once: half
+of the ~50 GB/s one H100's PCIe Gen5 x16 link reaches alone (64 GB/s raw), since the eight GPUs share PCIe
+switch uplinks and host memory while they all move their state together. An assumption, never measured here:
+replace it with the cluster's figure."""
 SGLANG_VOCAB_PADDING = 64
 """SGLang pads its embedding and LM head rows to a multiple of 64 before splitting them over TP."""
 
@@ -447,10 +456,43 @@ class MemoryPlan:
     """max_prompt_length + max_response_length: one rollout must fit in the KV cache."""
     tokens_per_micro_batch: int
     micro_batches: int
+    offload: bool
+    """trainer.offload_during_rollout: the trainer's state is in host memory while the engine generates."""
+    rollout_alternative: Phase
+    """The rollout phase with trainer.offload_during_rollout flipped."""
+    kv_tokens_alternative: int
+    """The engine's KV-cache capacity in tokens with trainer.offload_during_rollout flipped."""
+    concurrent_rollouts: int
+    """rollout.max_concurrent_requests: the rollouts one engine is given at once."""
 
     @property
     def peak(self) -> Phase:
         return max(self.phases, key=lambda phase: phase.total)
+
+    @property
+    def rollouts_held(self) -> int:
+        """Full-length rollouts one engine's KV cache holds at once."""
+        return max(self.kv_tokens, 0) // self.sequence_tokens
+
+    @property
+    def rollouts_held_alternative(self) -> int:
+        return max(self.kv_tokens_alternative, 0) // self.sequence_tokens
+
+    @property
+    def held_vs_concurrency(self) -> float:
+        """rollouts_held / concurrent_rollouts: below 1 a long-response batch runs fewer requests than
+        configured (the engine queues the rest and retracts running ones when its cache fills)."""
+        return self.rollouts_held / self.concurrent_rollouts
+
+    @property
+    def offload_bytes(self) -> int:
+        """Bytes of trainer state that cross the host link each way per step with the offload."""
+        return self.state.total
+
+    @property
+    def offload_seconds(self) -> float:
+        """Estimated seconds of one move (offload or reload) at HOST_DEVICE_GB_PER_S."""
+        return self.offload_bytes / (HOST_DEVICE_GB_PER_S * 1e9)
 
     @property
     def problems(self) -> list[str]:
@@ -534,30 +576,36 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
     act = activations(par)
     engine_dtype = model.params_dtype if rollout.dtype == "auto" else rollout.dtype
     weights = engine_weight_bytes(model, engine_tp=rollout.engine_tp_size, dtype=engine_dtype)
-    free_at_engine_start = capacity - reserved - state.before_first_step
-    engine_static = int(rollout.mem_fraction_static * free_at_engine_start)
-    kv_tokens = (engine_static - weights) // kv_bytes_per_token(
-        model, engine_tp=rollout.engine_tp_size, dtype=engine_dtype
-    )
     trainer_state = (
         ("parameters", state.parameters),
         ("gradients (fp32 buffers)", state.gradients),
         ("optimizer (fp32 main params + moments)", state.optimizer),
     )
+
+    def rollout_phase(offloaded: bool) -> tuple[Phase, int]:
+        """The rollout phase and the engine's KV-cache tokens, with the trainer's state offloaded or not."""
+        free_at_engine_start = capacity - reserved - (0 if offloaded else state.before_first_step)
+        engine_static = int(rollout.mem_fraction_static * free_at_engine_start)
+        kv_tokens = (engine_static - weights) // kv_bytes_per_token(
+            model, engine_tp=rollout.engine_tp_size, dtype=engine_dtype
+        )
+        items = (
+            *(() if offloaded else trainer_state),
+            ("engine weights", weights),
+            ("engine KV cache", max(engine_static - weights, 0)),
+            (RESERVED, reserved),
+        )
+        return Phase("rollout", items), kv_tokens
+
+    offload = job.trainer.offload_during_rollout
+    rollout_now, kv_tokens = rollout_phase(offload)
+    rollout_alternative, kv_tokens_alternative = rollout_phase(not offload)
     phases = (
         Phase(
             "training",
             (*trainer_state, ("activations", act.layers), ("logits", act.logits), (RESERVED, reserved)),
         ),
-        Phase(
-            "rollout",
-            (
-                *trainer_state,
-                ("engine weights", weights),
-                ("engine KV cache", max(engine_static - weights, 0)),
-                (RESERVED, reserved),
-            ),
-        ),
+        rollout_now,
         Phase(
             "weight sync",
             (
@@ -581,6 +629,10 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
         sequence_tokens=rollout.max_sequence_tokens,
         tokens_per_micro_batch=tokens,
         micro_batches=micro_batches,
+        offload=offload,
+        rollout_alternative=rollout_alternative,
+        kv_tokens_alternative=kv_tokens_alternative,
+        concurrent_rollouts=rollout.max_concurrent_requests,
     )
 
 

@@ -12,7 +12,14 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dapo_megatron.planning.memory import GIB, MemoryPlan, data_parallel_size, plan_memory, suggest_layout
+from dapo_megatron.planning.memory import (
+    GIB,
+    HOST_DEVICE_GB_PER_S,
+    MemoryPlan,
+    data_parallel_size,
+    plan_memory,
+    suggest_layout,
+)
 from dapo_megatron.rollout.placement import engine_placement
 
 if TYPE_CHECKING:
@@ -135,8 +142,7 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
         if job.trainer.max_tokens_per_micro_batch
         else f"{micro} sequence(s) x {plan.tokens_per_micro_batch // micro} tokens"
     )
-    kv_tokens = max(plan.kv_tokens, 0)
-    held = kv_tokens // plan.sequence_tokens
+    kv_tokens, held = max(plan.kv_tokens, 0), plan.rollouts_held
     # Not a problem (SGLang admits what fits and most rollouts stop short of the maximum), but past this
     # point a long-response batch generates with fewer requests in flight than configured and retractions
     # recompute.
@@ -157,9 +163,33 @@ def format_plan(job: JobConfig, plan: MemoryPlan) -> str:
             f"{alternative.parameters / GIB:.2f}, gradients {alternative.gradients / GIB:.2f}",
             f"activations {recompute_other} recompute: {plan.activations_alternative.layers / GIB:.2f} GiB",
             f"engine KV cache: {kv_tokens} tokens per engine = {held} full-length "
-            f"rollouts ({plan.sequence_tokens} tokens) at once{queueing}; left for SGLang's activations and "
-            f"CUDA graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+            f"rollouts ({plan.sequence_tokens} tokens) at once ({held}/{plan.concurrent_rollouts} = "
+            f"{plan.held_vs_concurrency:.2f} of the concurrent requests){queueing}; left for SGLang's "
+            f"activations and CUDA graphs: {(plan.capacity - plan.phases[1].total) / GIB:.2f} GiB",
+            format_offload(plan),
         ]
+    )
+
+
+def format_offload(plan: MemoryPlan) -> str:
+    """Where the trainer's state is during rollout, what the other choice would give the engine, and what the
+    moves cost."""
+    moves = (
+        f"{plan.offload_bytes / GIB:.2f} GiB per GPU each way per step, ~{plan.offload_seconds:.1f} s each "
+        f"way at {HOST_DEVICE_GB_PER_S:g} GB/s (planning.memory.HOST_DEVICE_GB_PER_S, assumed)"
+    )
+    other = (
+        f"engine KV cache {max(plan.kv_tokens_alternative, 0)} tokens = {plan.rollouts_held_alternative} "
+        f"full-length rollouts, rollout phase {plan.rollout_alternative.total / GIB:.2f} GiB"
+    )
+    if plan.offload:
+        return (
+            f"trainer state during rollout: in host memory (trainer.offload_during_rollout), {moves}; kept "
+            f"on the GPU: {other}"
+        )
+    return (
+        f"trainer state during rollout: on the GPU; in host memory (trainer.offload_during_rollout=true): "
+        f"{other}, for {moves}"
     )
 
 

@@ -1,7 +1,9 @@
-"""This rank's shard of the policy: the model, its optimizer and schedule (`Actor`), and its checkpoints."""
+"""This rank's shard of the policy: the model, its optimizer and schedule (`Actor`), its checkpoints, and
+where its training state is while the engine generates (`trainer.offload_during_rollout`)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.weights import export_hf, load_hf_weights
 from dapo_megatron.trainer.actor import Actor
+from dapo_megatron.trainer.offload import TrainerStateOffload
 from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
 
@@ -33,6 +36,23 @@ class Policy:
             vocab_size=job.model.vocab_size,
             temperature=job.rollout.temperature,
         )
+        self._offload = (
+            TrainerStateOffload(self.model, optimizer) if job.trainer.offload_during_rollout else None
+        )
+
+    def offload_state(self) -> float:
+        """trainer.offload_during_rollout: parameters, gradient buffers and optimizer state to host memory,
+        for the engine to generate in the device memory they leave. Returns the seconds taken (0 when off)."""
+        return self._offload.offload() if self._offload is not None else 0.0
+
+    def reload_state(self) -> float:
+        """Back to the device what `offload_state` moved, bit for bit. Returns the seconds taken (0 when
+        off)."""
+        return self._offload.reload() if self._offload is not None else 0.0
+
+    def _resident(self) -> contextlib.AbstractContextManager[None]:
+        """The training state on the device for the duration (checkpoints and exports read it)."""
+        return self._offload.resident() if self._offload is not None else contextlib.nullcontext()
 
     def load_initial_state(self) -> tuple[int, dict[str, Any] | None]:
         """Resume from the latest checkpoint (`trainer.resume`), else start from trainer.load or the HF
@@ -61,23 +81,25 @@ class Policy:
         """A checkpoint of step `step`: the model, the optimizer and schedule (resumable under any layout),
         every rank's RNG states, and the driving rank's `rollout_state` (None elsewhere) beside the step."""
         shared = None if rollout_state is None else {"step": step, **rollout_state}
-        return checkpoint.save_model(
-            self.model,
-            self.checkpoints,
-            step,
-            self.job.model,
-            self.layout,
-            training=self.actor,
-            shared_state=shared,
-            keep_last=self.job.trainer.keep_last_checkpoints,
-            keep_every=self.job.trainer.keep_checkpoint_every,
-        )
+        with self._resident():
+            return checkpoint.save_model(
+                self.model,
+                self.checkpoints,
+                step,
+                self.job.model,
+                self.layout,
+                training=self.actor,
+                shared_state=shared,
+                keep_last=self.job.trainer.keep_last_checkpoints,
+                keep_every=self.job.trainer.keep_checkpoint_every,
+            )
 
     def export_hf(self, step: int) -> None:
-        export_hf(
-            self.model,
-            self.job.model,
-            self.layout,
-            Path(self.job.output_dir) / "hf" / f"step_{step:07d}",
-            tokenizer_dir=self.job.model.hf_dir,
-        )
+        with self._resident():
+            export_hf(
+                self.model,
+                self.job.model,
+                self.layout,
+                Path(self.job.output_dir) / "hf" / f"step_{step:07d}",
+                tokenizer_dir=self.job.model.hf_dir,
+            )

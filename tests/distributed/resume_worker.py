@@ -11,6 +11,11 @@ A trains steps 1-2 under layout X and checkpoints; B loads that checkpoint under
 C trains steps 1-3 under layout Y from A's initial weights, uninterrupted; B' is B with Adam's moments
 zeroed after loading (what a resume that lost them would do). Advantages come from a generator seeded by
 the step, the same in every layout. Rank 0 writes every phase's final full weights.
+
+`--mode offload` trains 3 steps of a bf16 policy with the distributed optimizer twice from the same initial
+weights: once as is, once with its state offloaded to host memory after each step and reloaded before the
+next (`trainer/offload.py`). Every rank checks that each offload released every storage of its state and
+that each reload brought every byte back; rank 0 writes both runs' losses and final full weights.
 """
 
 from __future__ import annotations
@@ -150,9 +155,63 @@ def reshard(root: Path) -> None:
         torch.save(results, root / "reshard.pt")
 
 
+def state_tensors(model: Any, optimizer: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of a rank's training state, by name: parameters, their main_grad views, DDP's buffers, the
+    optimizer's (fp32 main) parameters and its state (Adam's moments)."""
+    tensors = {}
+    for name, param in model.named_parameters():
+        tensors[f"param {name}"] = param
+        tensors[f"main_grad {name}"] = param.main_grad
+    for index, buffer in enumerate(model.buffers):
+        tensors[f"buffer {index} grad_data"] = buffer.grad_data
+        if buffer.param_data is not None:
+            tensors[f"buffer {index} param_data"] = buffer.param_data
+    for part_index, part in enumerate(optimizer.chained_optimizers):
+        for index, param in enumerate(p for group in part.optimizer.param_groups for p in group["params"]):
+            tensors[f"optimizer {part_index} param {index}"] = param
+            for key, value in part.optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optimizer {part_index} param {index} {key}"] = value
+    return tensors
+
+
+def offload_round_trip(offload: Any, model: Any, optimizer: Any) -> None:
+    """offload -> every storage of the state released -> reload -> every tensor bit-identical (raises if
+    not)."""
+    tensors = state_tensors(model, optimizer)
+    before = {name: tensor.detach().clone() for name, tensor in tensors.items()}
+    offload.offload()
+    kept = [name for name, tensor in tensors.items() if tensor.untyped_storage().nbytes()]
+    assert not kept, f"not released: {kept[:4]} ({len(kept)} in all)"
+    offload.reload()
+    for name, tensor in tensors.items():
+        assert torch.equal(
+            tensor.reshape(-1).view(torch.uint8), before[name].reshape(-1).view(torch.uint8)
+        ), name
+
+
+def offload_equivalence(root: Path) -> None:
+    from dapo_megatron.models.weights import gather_full_state
+    from dapo_megatron.trainer.offload import TrainerStateOffload
+
+    results = {}
+    for offloading in (False, True):
+        layout, model, actor = build({"use_distributed_optimizer": True}, seed=7, dtype="bfloat16")
+        offload = TrainerStateOffload(model, actor.optimizer)
+        losses = []
+        for step in (1, 2, 3):
+            losses.append(train_step(actor, layout, step, seeded=True))
+            if offloading:
+                offload_round_trip(offload, model, actor.optimizer)
+        cfg = dataclasses.replace(model_config(), params_dtype="bfloat16")
+        results[offloading] = {"losses": losses, "weights": gather_full_state(model, cfg, layout)}
+    if layout.rank == 0:
+        torch.save(results, root / "offload.pt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["continuous", "resume", "reshard"], required=True)
+    parser.add_argument("--mode", choices=["continuous", "resume", "reshard", "offload"], required=True)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--dir", required=True)
@@ -162,6 +221,8 @@ def main() -> None:
 
     if args.mode == "reshard":
         reshard(Path(args.dir))
+    elif args.mode == "offload":
+        offload_equivalence(Path(args.dir))
     else:
         parallel = {
             "pipeline_model_parallel_size": args.pp,

@@ -94,6 +94,7 @@ def test_overlapped_rollouts_are_refused_for_colocated_gpu_engines(
             [
                 "experiment=dapo_qwen2.5_32b",
                 "trainer.overlap_rollout=true",
+                "trainer.offload_during_rollout=false",
                 "algo.old_log_prob_source=rollout",
                 "dry_run=true",
             ]

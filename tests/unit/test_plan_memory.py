@@ -156,7 +156,7 @@ def test_micro_batches_are_sized_by_the_padded_longest_row() -> None:
 
 
 def test_a_full_kv_cache_is_a_problem() -> None:
-    plan = M.plan_memory(job("rollout.mem_fraction_static=0.3"))
+    plan = M.plan_memory(job("rollout.mem_fraction_static=0.2"))
     assert plan.kv_tokens < plan.sequence_tokens and not plan.fits
     assert "KV cache" in plan.problems[-1]
 
@@ -168,11 +168,64 @@ def test_report_says_when_the_kv_cache_cannot_hold_every_concurrent_request() ->
     held = plan.kv_tokens // plan.sequence_tokens
     assert (
         1 <= held < job().rollout.max_concurrent_requests
-    )  # the 32B recipe: ~15 full-length rollouts per engine
-    assert "rollout.max_concurrent_requests=256 at full length would need" in format_plan(job(), plan)
+    )  # the 32B recipe: 33 full-length rollouts per engine
+    assert "rollout.max_concurrent_requests=64 at full length would need" in format_plan(job(), plan)
     # No note where every concurrent request fits at full length.
     enough = job(f"rollout.max_concurrent_requests={held}")
     assert "max_concurrent_requests" not in format_plan(enough, M.plan_memory(enough))
+
+
+def test_offloading_the_trainer_gives_the_engine_the_whole_gpu() -> None:
+    """With trainer.offload_during_rollout the engine sizes its KV cache against a GPU holding only the
+    reserve, and the rollout phase holds nothing of the trainer's; without it, the state stays and the cache
+    is sized against what the state leaves (the state before Adam's first step). By hand, 32B recipe."""
+    from dapo_megatron.planning.report import format_offload
+
+    offloaded, kept = job(), job("trainer.offload_during_rollout=false")
+    assert offloaded.trainer.offload_during_rollout
+    plan, plan_kept = M.plan_memory(offloaded), M.plan_memory(kept)
+    model, weights = offloaded.model, dict(plan.rollout_alternative.items)["engine weights"]
+    per_token = M.kv_bytes_per_token(model, engine_tp=4, dtype="bfloat16")
+    free = int(80 * M.GIB) - int(4 * M.GIB)
+    assert plan.kv_tokens == (int(0.8 * free) - weights) // per_token
+    assert plan_kept.kv_tokens == (int(0.8 * (free - plan.state.before_first_step)) - weights) // per_token
+    assert (plan.kv_tokens_alternative, plan_kept.kv_tokens_alternative) == (
+        plan_kept.kv_tokens,
+        plan.kv_tokens,
+    )
+    rollout = dict(plan.phases[1].items)
+    assert "parameters" not in rollout and "gradients (fp32 buffers)" in dict(plan_kept.phases[1].items)
+    assert plan_kept.phases[1].total - plan.phases[1].total == plan.state.total - (
+        rollout["engine KV cache"] - dict(plan_kept.phases[1].items)["engine KV cache"]
+    )
+    # The moves: the whole state each way, at the assumed host link speed.
+    assert (
+        plan.offload_bytes
+        == plan.state.total
+        == plan.state.parameters + plan.state.gradients + (plan.state.optimizer)
+    )
+    assert plan.offload_seconds == pytest.approx(plan.state.total / 25e9)
+    assert "~1.1 s each way at 25 GB/s" in format_offload(plan)
+    assert "19 full-length rollouts" in format_offload(plan)
+    assert "33 full-length rollouts" in format_offload(plan_kept)
+
+
+def test_the_32b_recipe_holds_at_least_half_its_concurrent_rollouts_at_full_length() -> None:
+    """`kv_rollouts_held_vs_concurrency_32b` (bench/RESULTS.md): 33/64 with the trainer offloaded; the same
+    engines without the offload hold 19, and the recipe before it (0.7 of the memory the state left, 256
+    requests per engine) held 15/256."""
+    plan = M.plan_memory(job())
+    assert plan.held_vs_concurrency >= 0.5
+    assert (plan.rollouts_held, plan.concurrent_rollouts) == (33, 64)
+    assert M.plan_memory(job("trainer.offload_during_rollout=false")).rollouts_held == 19
+    before = M.plan_memory(
+        job(
+            "trainer.offload_during_rollout=false",
+            "rollout.mem_fraction_static=0.7",
+            "rollout.max_concurrent_requests=256",
+        )
+    )
+    assert (before.rollouts_held, before.concurrent_rollouts) == (15, 256)
 
 
 @pytest.mark.parametrize(
