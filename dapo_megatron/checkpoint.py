@@ -28,6 +28,7 @@ the newest checkpoint that verifies, saying what it skipped and why. Training st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -202,6 +203,53 @@ def read_model_config(path: Path | str) -> ModelConfig | None:
     return ModelConfig(**json.loads(config_file.read_text()))
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written: its `.partial` directory stays, the committed ones are untouched."""
+
+
+WRITE_PROBE_BYTES = 4 << 20
+"""What a failed save writes once more to name the cause: torch's serializer reports a failed write as
+`unexpected pos`, with the OS error (a full disk, an exceeded quota) lost on the way."""
+
+
+def _write_failure(
+    error: BaseException, partial: Path, root: Path, step: int, rank: int
+) -> CheckpointWriteError:
+    """The error a failed save raises: why (a test write into the same directory, and the free space there),
+    which checkpoint is still the newest committed one, and what to do."""
+    where = partial if partial.is_dir() else root
+    probe = where / f".write_probe_{rank}"
+    try:
+        with probe.open("wb") as stream:
+            stream.write(bytes(WRITE_PROBE_BYTES))
+            stream.flush()
+            os.fsync(stream.fileno())
+        cause = "the writer failed, though a test write there succeeds"
+    except OSError as probe_error:
+        test = f"a {WRITE_PROBE_BYTES >> 20} MiB test write there fails too"
+        cause = f"{probe_error.strerror or probe_error} ({test})"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**30:.1f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    tracker = root / TRACKER_FILE
+    committed = tracker.read_text().strip() if tracker.is_file() else ""
+    kept = (
+        f"checkpoint step {committed} stays the newest committed one"
+        if committed
+        else "no checkpoint is committed"
+    )
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]
+    return CheckpointWriteError(
+        f"checkpoint step {step} could not be written to {partial}: {cause}; {free}. {kept}. Free space "
+        "there and run again with trainer.resume=auto, which resumes from it. "
+        f"The writer said: {first_line}"
+    )
+
+
 def save_model(
     model: torch.nn.Module,
     root: Path | str,
@@ -219,6 +267,7 @@ def save_model(
     and rank 0's `shared_state` (step, data position, dynamic-sampling backlog). Once it is complete,
     older checkpoints are pruned per `keep_last` / `keep_every` (see `prune`; 0: keep all)."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
 
     final = step_dir(root, step)
     partial = final.with_name(final.name + ".partial")
@@ -230,17 +279,23 @@ def save_model(
     state = dict(model_state)
     if training is not None:
         state[TRAINING_KEY] = training.sharded_state_dict(model_state)
-    dist_checkpointing.save(state, str(partial))
-    if training is not None:
-        rank_file = partial / f"rank_{layout.rank:05d}.pt"
-        torch.save({"layout": _layout_key(layout), **training.rank_state_dict()}, rank_file)
-        _fsync(rank_file)
-    torch.distributed.barrier()
+    try:
+        dist_checkpointing.save(state, str(partial))
+        if training is not None:
+            rank_file = partial / f"rank_{layout.rank:05d}.pt"
+            torch.save({"layout": _layout_key(layout), **training.rank_state_dict()}, rank_file)
+            _fsync(rank_file)
+        torch.distributed.barrier()
+        if layout.rank == 0:
+            (partial / MODEL_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2))
+            if shared_state is not None:
+                torch.save(shared_state, partial / TRAINER_STATE_FILE)
+            write_manifest(partial)
+    # torch.distributed.checkpoint's CheckpointException, which a failed shard write becomes, is a
+    # BaseException.
+    except (Exception, CheckpointException) as error:
+        raise _write_failure(error, partial, Path(root), step, layout.rank) from error
     if layout.rank == 0:
-        (partial / MODEL_CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2))
-        if shared_state is not None:
-            torch.save(shared_state, partial / TRAINER_STATE_FILE)
-        write_manifest(partial)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         _fsync(Path(root))
