@@ -6,9 +6,9 @@ must recover every time without leaving anything behind.
 Faults (each `--repeats` times):
     kill_generation, kill_update, kill_sync, kill_checkpoint
                         SIGKILL of the trainer process (only it: its engine must notice) at a random moment
-                        inside that phase of a random step. Phases are read from the engine's log (prefill
-                        lines, `abort_request` at the end of a collection, `begin/end_weight_update` around a
-                        sync) and from the `iter_*.partial` directory a checkpoint is written into.
+                        inside that phase of a random step. Phases are the trainer's own DEBUG lines
+                        (`step N: generate|update|weight sync|synced|checkpoint|checkpoint written`); the
+                        delay after a phase's line is drawn within that phase's last observed duration.
     kill_engine         SIGKILL of the SGLang scheduler at a random moment of a random step; the trainer must
                         stop with an error naming the engine.
     disk_full           writes into a random step's checkpoint fail with ENOSPC after a random number of bytes
@@ -75,12 +75,13 @@ SMALL_JOB = [
     "eval.every=0",
     "trainer.save_every=1",
     "trainer.total_steps=1000",  # every launch ends by its fault; the LR schedule stays the same across them
-    "trainer.train_batch_size=2",
-    "trainer.gen_batch_size=8",
+    "trainer.train_batch_size=4",
+    "trainer.gen_batch_size=4",  # no more than a batch: every step generates (none fills from carry-over)
     "trainer.ppo_mini_batch_size=2",
-    "rollout.n_samples_per_prompt=4",
+    "rollout.n_samples_per_prompt=8",
     "trainer.max_gen_rounds=2",
     "trainer.on_unfilled_batch=train",
+    "trainer.log_level=DEBUG",  # the phase lines the kills aim at
 ]
 """The demo at its smallest: a step is seconds, start-up dominates a launch."""
 GRACE_S = 60.0
@@ -253,26 +254,45 @@ class Follow:
         return done
 
 
+PHASE_LINE = re.compile(r"^step (\d+): (generate|update|weight sync|synced|checkpoint|checkpoint written)$")
+KILL_PHASES = {
+    "kill_generation": "generate",
+    "kill_update": "update",
+    "kill_sync": "weight sync",
+    "kill_checkpoint": "checkpoint",
+    "kill_engine": "generate",
+}
+
+
 @dataclass
 class Phases:
-    """Where the job is, from the engine log: `syncs` finished weight syncs (the first at start-up, then one
-    per step), and what happened since the last one."""
+    """Where the job is, from the trainer's DEBUG phase lines: the newest `(step, phase)`, when its line was
+    seen, and the shortest each phase has lasted (the kills draw their delay within it: a first step's
+    phases, slower, would carry a kill past the end of a later step's)."""
 
-    syncs: int = 0
-    begun: int = 0
-    since_sync: set[str] = field(default_factory=set)
+    current: tuple[int, str] | None = None
+    since: float = 0.0
+    lasted: dict[str, float] = field(default_factory=dict)
 
-    def feed(self, line: str) -> None:
-        if "/end_weight_update" in line:
-            self.syncs += 1
-            self.since_sync = set()
-        elif "/begin_weight_update" in line:
-            self.begun += 1
-            self.since_sync.add("begin")
-        elif "/abort_request" in line:
-            self.since_sync.add("abort")
-        elif "Prefill batch" in line or "Decode batch" in line:
-            self.since_sync.add("generate")
+    def feed(self, line: str, now: float) -> None:
+        match = PHASE_LINE.match(line.strip())
+        if not match:
+            return
+        if self.current is not None:
+            phase = self.current[1]
+            self.lasted[phase] = min(now - self.since, self.lasted.get(phase, float("inf")))
+        self.current, self.since = (int(match.group(1)), match.group(2)), now
+
+    def at(self, step: int, phase: str) -> bool:
+        return self.current == (step, phase)
+
+    def past(self, step: int, phase: str) -> bool:
+        """The job reached (or went beyond) `phase` of `step`."""
+        order = ("generate", "update", "weight sync", "synced", "checkpoint", "checkpoint written")
+        return self.current is not None and (self.current[0], order.index(self.current[1])) >= (
+            step,
+            order.index(phase),
+        )
 
 
 class Launch:
@@ -291,12 +311,10 @@ class Launch:
         self.footprint = Footprint.new()
         self.console_path = out.parent / f"console_{index:03d}.txt"
         self.metrics = Follow(out / "tensorboard" / "metrics.jsonl", from_end=True)
-        self.engine_log = Follow(out / "logs" / "sglang_engine.log", from_end=True)
         self.console = Follow(self.console_path, from_end=False)
         self.phases = Phases()
         self.start_step: int | None = None
         self.steps: list[int] = []
-        self.train_s = 2.0
         self._last_scan = 0.0
         pythonpath = os.pathsep.join(filter(None, [str(SITE), str(repo), os.environ.get("PYTHONPATH")]))
         command = [
@@ -318,19 +336,19 @@ class Launch:
                 env=self.footprint.env({"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **env}),
             )
 
-    def poll(self) -> bool:
-        """Take in the new log lines; False once the trainer has exited."""
-        for line in self.engine_log.lines():
-            self.phases.feed(line)
+    def poll(self, *, scan: bool = True) -> bool:
+        """Take in the new log lines (and every 2 s, unless not to `scan`, the run's processes: a look at
+        all of /proc, too slow for a wait that aims at a phase); False once the trainer has exited."""
+        now = time.monotonic()
+        for line in self.console.lines():
+            self.phases.feed(line, now)
         for line in self.metrics.lines():
             record = json.loads(line)
             if "startup/total_s" in record and self.start_step is None:
                 self.start_step = int(record["step"])
-            elif "timing_s/train" in record:
+            elif "timing_s/step" in record:
                 self.steps.append(int(record["step"]))
-                self.train_s = float(record["timing_s/train"])
-        self.console.lines()
-        if time.monotonic() - self._last_scan > 2.0:
+        if scan and time.monotonic() - self._last_scan > 2.0:
             self.footprint.scan(self.proc.pid)
             self._last_scan = time.monotonic()
         return self.proc.poll() is None
@@ -338,19 +356,19 @@ class Launch:
     def wait_for(self, condition: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
         deadline = time.monotonic() + timeout
         while not condition():
-            if not self.poll() or time.monotonic() > deadline:
+            if not self.poll(scan=interval >= 0.1) or time.monotonic() > deadline:
                 return condition()
             time.sleep(interval)
         return True
 
     def wait_started(self) -> int | None:
-        self.wait_for(lambda: self.start_step is not None and self.phases.syncs >= 1, START_TIMEOUT_S, 0.2)
+        self.wait_for(lambda: self.start_step is not None, START_TIMEOUT_S, 0.2)
         return self.start_step
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        self.footprint.scan(self.proc.pid)  # the family as it is at the kill
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, sig)
+        self.footprint.scan()  # the family, by its marker (the dead trainer's children are orphans now)
 
     def finish(self, timeout: float) -> int | None:
         """The trainer's exit code (None: it did not exit in time and was killed), after its footprint
@@ -372,50 +390,32 @@ class Launch:
 
 
 def inject(kind: str, launch: Launch, start: int, rng: random.Random) -> tuple[bool, bool, str]:
-    """Aim `kind` at a random step after `start` (the launch's first); (injected, landed, detail)."""
+    """Aim `kind` at a random moment of its phase (`KILL_PHASES`) in a random step after `start` (the
+    launch's first); (injected, landed, detail). Landed: the trainer, once dead, had not begun the next
+    phase (its phase lines are written unbuffered, so the console read after the kill is complete)."""
     # The first or second step of the launch; of a fresh job the second or third, so that a checkpoint is
     # committed before the fault.
-    offset = rng.randint(1, 2) + (start == 0)
-    step = start + offset
-    ph = launch.phases
+    step = start + rng.randint(1, 2) + (start == 0)
+    phase, ph = KILL_PHASES[kind], launch.phases
+    if not launch.wait_for(lambda: ph.past(step, phase), STOP_TIMEOUT_S, 0.002):
+        return False, False, f"the trainer exited (code {launch.proc.returncode}) before step {step}: {phase}"
+    reached = ph.at(step, phase)
+    # Within the phase's shortest observed length (before any: a guess).
+    time.sleep(rng.uniform(0.0, 0.9 * ph.lasted.get(phase, 0.3)))
     if kind == "kill_engine":
-        if not launch.wait_for(lambda: ph.syncs >= offset, STOP_TIMEOUT_S):
-            return False, False, "the step never began"
-        time.sleep(rng.uniform(0.0, 3.0))
         schedulers = [p for p in launch.footprint.scan(launch.proc.pid) if "scheduler" in _name(p)]
         if not schedulers:
             return False, False, "no scheduler process found"
         schedulers[0].kill()
-        return True, True, f"scheduler {schedulers[0].pid} killed in step {step}"
-    if kind == "kill_generation":
-        reached = launch.wait_for(lambda: ph.syncs >= offset and "generate" in ph.since_sync, STOP_TIMEOUT_S)
-        time.sleep(rng.uniform(0.0, 0.8))
-        launch.poll()
-        landed = reached and ph.syncs == offset and not ({"abort", "begin"} & ph.since_sync)
-    elif kind == "kill_update":
-        reached = launch.wait_for(
-            lambda: ph.syncs > offset or (ph.syncs == offset and bool({"abort", "begin"} & ph.since_sync)),
-            STOP_TIMEOUT_S,
-        )
-        time.sleep(rng.uniform(0.0, 0.8 * launch.train_s))
-        launch.poll()
-        landed = reached and ph.syncs == offset and "begin" not in ph.since_sync
-    elif kind == "kill_sync":
-        reached = launch.wait_for(lambda: ph.begun > offset, STOP_TIMEOUT_S, 0.002)
-        time.sleep(rng.uniform(0.0, 0.05))
-        launch.poll()
-        landed = reached and ph.syncs == offset
-    elif kind == "kill_checkpoint":
-        partial = launch.out / "checkpoints" / f"iter_{step:07d}.partial"
-        reached = launch.wait_for(partial.exists, STOP_TIMEOUT_S, 0.002)
-        time.sleep(rng.uniform(0.0, 0.5))
-        landed = reached and partial.exists()
-    else:
-        raise ValueError(f"unknown fault {kind!r}")
+        return True, True, f"scheduler {schedulers[0].pid} killed in step {step} ({phase})"
     if launch.proc.poll() is not None:
         return False, False, f"the trainer exited (code {launch.proc.returncode}) before the fault"
     launch.kill()
-    return True, landed, f"SIGKILL aimed at step {step}" + ("" if landed else " (missed the phase)")
+    launch.proc.wait()
+    launch.poll()
+    landed = reached and ph.at(step, phase)
+    where = f"{phase} of step {step}"
+    return True, landed, f"SIGKILL in {where}" if landed else f"SIGKILL aimed at {where}, at {ph.current}"
 
 
 def corrupt(directory: Path, rng: random.Random) -> str:
