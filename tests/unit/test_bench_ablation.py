@@ -24,7 +24,7 @@ plot_metrics = load_script(REPO / "tools" / "plot_metrics.py")
 LADDER = {
     "1_overlong_filter": {"algo.overlong_filter": True},
     "2_clip_higher": {"algo.clip_ratio_high": 0.28},
-    "3_soft_overlong": {"algo.overlong_buffer_enable": True, "algo.overlong_buffer_length": 2},
+    "3_soft_overlong": {"algo.overlong_buffer_enable": True, "algo.overlong_buffer_length": 5},
     "4_token_level_loss": {"algo.loss_agg_mode": "token-mean"},
     "5_dapo": {"trainer.dynamic_sampling": True},
 }
@@ -83,19 +83,22 @@ def test_the_ends_of_the_ladder_are_the_papers_grpo_and_dapo(
     # DAPO's loss and shaping with the buffer fitted to the task; overlong filtering stays on, as the
     # ladder is cumulative.
     dapo = algo_file("dapo")
-    dapo.update({"algo.overlong_buffer_length": 2, "algo.overlong_filter": True})
+    dapo.update({"algo.overlong_buffer_length": 5, "algo.overlong_filter": True})
     assert {k: last[k] for k in dapo} == dapo
     assert last["trainer.dynamic_sampling"]
-    # Every rung trains the demo's policy on the demo's task.
+    # Every rung trains the demo's model on the ladder's task, from the base bench/ablation.py builds for it.
     for rung in rungs.values():
-        assert (rung["model.hf_dir"], rung["data.task"]) == (demo["model.hf_dir"], demo["data.task"])
+        assert rung["data.task"] == ablation.TASK != demo["data.task"]
+        assert REPO / rung["model.hf_dir"] == ablation.BASE
+        assert rung["model.name"] == demo["model.name"]
 
 
-def test_soft_punishment_spares_every_correct_answer(
-    rungs: dict[str, dict[str, Any]], demo: dict[str, Any]
+def test_soft_punishment_starts_just_above_the_longest_correct_answer(
+    rungs: dict[str, dict[str, Any]],
 ) -> None:
-    """The buffer covers only rambling: a correct response (its answer and end-of-text) is never
-    penalised, and the cap is below the demo's, so more rambling responses reach it."""
+    """The buffer covers only rambling: no correct response (its working, answer and end-of-text) is
+    penalised, one token more is, and correct responses vary in length enough that per-sequence and
+    per-token averaging weight them differently."""
     rung = rungs["3_soft_overlong"]
     cap, buffer = rung["rollout.max_response_length"], rung["algo.overlong_buffer_length"]
     lengths = {
@@ -103,13 +106,10 @@ def test_soft_punishment_spares_every_correct_answer(
         for split in ("rl", "eval")
         for p in arithmetic.problems(split, task=rung["data.task"])
     }
-    assert max(lengths) == 12  # "Answer: 108" and its end-of-text
+    assert (min(lengths), max(lengths)) == (14, 31)  # "3 8\nAnswer: 8" .. seven running sums
     assert all(overlong_penalty(n, max_response_length=cap, buffer_length=buffer) == 0 for n in lengths)
     assert overlong_penalty(max(lengths) + 1, max_response_length=cap, buffer_length=buffer) < 0
-    assert (
-        cap
-        < flat(OmegaConf.to_container(job_config.compose(["experiment=demo"])))["rollout.max_response_length"]
-    )
+    assert overlong_penalty(cap, max_response_length=cap, buffer_length=buffer) == -1.0
 
 
 def records(evals: dict[int, float], *, seconds_per_step: float = 10.0) -> list[dict[str, Any]]:
