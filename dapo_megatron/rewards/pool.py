@@ -119,16 +119,13 @@ def _worker_main(connection: Connection, score_fn: ScoreFn) -> None:
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the trainer handles it and closes the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    connection.send(_READY)
-    while True:
-        try:
-            chunk = connection.recv()
-        except EOFError:  # the parent is gone
-            return
-        if chunk is None:
-            return
-        for index, item in chunk:
-            connection.send((index, *_grade(score_fn, item)))
+    try:
+        connection.send(_READY)
+        while (chunk := connection.recv()) is not None:
+            for index, item in chunk:
+                connection.send((index, *_grade(score_fn, item)))
+    except (EOFError, ConnectionError):  # the trainer is gone (a SIGKILL): nothing to report to
+        return
 
 
 @dataclass
