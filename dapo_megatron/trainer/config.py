@@ -155,11 +155,13 @@ class TrainerConfig:
     """Keep this rank's training state in host memory while the engine generates: its parameters, gradient
     buffers and optimizer state (fp32 main parameters, Adam's moments; with the distributed optimizer only
     this rank's shard) move out after the weight sync and back before the update (`trainer/offload.py`; host
-    memory pinned on GPUs). A colocated engine then has the GPU to itself (`tools/plan_memory.py` shows its KV
-    cache with and without; each move of the 32B recipe's 25.75 GiB per GPU is planned at ~1.1 s).
-    Exact: the bytes come back as they left. On CPU the same moves run, and gain nothing: the parameters the
-    engine maps stay in shared memory. Needs the trainer idle while the engine generates, so not with
-    overlap_rollout."""
+    memory pinned on GPUs). A colocated engine then generates on a GPU without them (`tools/plan_memory.py`
+    shows its KV cache with and without; each move of the 32B recipe's 25.75 GiB per GPU is planned at
+    ~1.1 s). The engine's KV cache is sized when it starts and resumed by the weight sync, both with the
+    state still on the GPU: a larger cache also needs those two done without it (bench/RESULTS.md, 'Rollout
+    memory of the 32B recipe'). Exact: the bytes come back as they left. On CPU the same moves run, and gain
+    nothing: the parameters the engine maps stay in shared memory. Needs the trainer idle while the engine
+    generates, so not with overlap_rollout."""
     cpu_idle_cores: bool = True
     """CPU jobs: the trainer computes on this rank's whole share of the cores (its CPU affinity over the ranks
     of the node) whenever the engine is not generating (a synchronous update; generating ahead, the optimizer

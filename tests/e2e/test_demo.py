@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dapo_megatron import checkpoint
 from dapo_megatron.trainer.evaluate import eval_accuracy as held_out
 from tests.conftest import REPO, free_port
 from tests.metric_tags import ALWAYS, concrete, documented, readme_tags
@@ -117,7 +118,8 @@ def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
 
 def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tmp_path: Path) -> None:
     """PP2 with two engines: each rank launches one, rank 0 spreads the rollouts over both, and the sync check
-    after every step compares each engine with the trainer."""
+    after every step compares each engine with the trainer. The trainer's state waits in host memory while
+    the engines generate (trainer.offload_during_rollout), back for each update and the checkpoint."""
     out = tmp_path / "run"
     run(
         [
@@ -138,11 +140,15 @@ def test_demo_runs_pipeline_parallel_with_an_engine_per_rank(demo_base: Path, tm
             "eval.every=0",
             "rollout.sync_check=always",
             "rollout.num_engines=2",
+            "trainer.offload_during_rollout=true",
         ],
         timeout=900,
     )
     records = read_records(out)
     assert [r["step"] for r in records] == [0, 1, 2]
+    assert readme_tags()["timing_s/offload"] == "`trainer.offload_during_rollout`"
+    assert all(record["timing_s/offload"] > 0 for record in records[1:])
+    assert checkpoint.verify(checkpoint.step_dir(out / "checkpoints", 2)) is None
     startup = records[0]  # logged once, before the first step
     assert (
         startup["startup/total_s"] >= startup["startup/engine_wait_s"] + startup["startup/first_sync_s"] > 0
