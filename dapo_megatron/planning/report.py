@@ -227,7 +227,7 @@ def report(job: JobConfig, *, show_ranks: bool) -> int:
     try:
         validate_for_cluster(job)
     except ConfigError as error:
-        print(f"ConfigError: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 2
     plan = plan_memory(job)
     print(describe_layout(job))
