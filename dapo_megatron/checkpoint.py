@@ -235,11 +235,10 @@ def _write_failure(
         free = f"{shutil.disk_usage(where).free / 2**30:.1f} GiB free"
     except OSError:
         free = "free space unknown"
-    tracker = root / TRACKER_FILE
-    committed = tracker.read_text().strip() if tracker.is_file() else ""
+    committed = _tracked_step(root, skipped=[])
     kept = (
         f"checkpoint step {committed} stays the newest committed one"
-        if committed
+        if committed is not None
         else "no checkpoint is committed"
     )
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]
