@@ -22,8 +22,9 @@ itself dies at once should the guard be killed (`_die_with`).
 
 Should the trainer be killed (SIGKILL: no handler of its own runs), the guard also stops what the trainer
 started in its own session and would otherwise outlive it (megatron-core's checkpoint-writer manager,
-multiprocessing's resource tracker and fork server, the reward workers), and removes the trainer's temporary
-folder (`distributed/run_tmpdir.py`).
+multiprocessing's resource tracker and fork server, the reward workers, torch's shared-memory manager),
+removes the `torch_<pid>_*` segments of the trainer and of those processes, and removes the trainer's
+temporary folder (`distributed/run_tmpdir.py`).
 
 Import-light on purpose (no torch, no SGLang): it is one more process per engine for the whole job.
 """
@@ -133,16 +134,6 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Guard:
     def __init__(self, parent: int, log: Path, tmpdir: Path, server: list[str]) -> None:
         self.parent, self.log, self.tmpdir, self.server = parent, log, tmpdir, server
@@ -231,6 +222,9 @@ class Guard:
         for proc in tracker:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
+        # torch's shared-memory manager, which would unlink the trainer's segments once their users are gone,
+        # was one of the processes just killed.
+        _remove_torch_segments({self.parent} | set(self.trainer_children) | {p.pid for p in left})
         if self.run_tmpdir:
             shutil.rmtree(self.run_tmpdir, ignore_errors=True)
 
@@ -273,12 +267,19 @@ class Guard:
     def _remove_leftovers(self) -> None:
         for name in self.slot_files:
             (_SHM / name).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            for path in _SHM.iterdir():
-                match = _TORCH_SEGMENT.match(path.name)
-                if match and int(match.group(1)) in self.pids_seen and not _exists(int(match.group(1))):
-                    path.unlink(missing_ok=True)
+        _remove_torch_segments(self.pids_seen)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _remove_torch_segments(pids: set[int]) -> None:
+    """Unlink torch's `torch_<pid>_*` shared-memory segments created by those of `pids` that are gone (a
+    zombie counts as gone: the trainer's launcher may not have reaped it yet)."""
+    living = {proc.pid for proc in living_processes()}
+    with contextlib.suppress(OSError):
+        for path in _SHM.iterdir():
+            match = _TORCH_SEGMENT.match(path.name)
+            if match and int(match.group(1)) in pids - living:
+                path.unlink(missing_ok=True)
 
 
 def _die_with(parent: int) -> None:

@@ -1,6 +1,7 @@
 """A SIGKILLed trainer leaves nothing it started: the engine's guard (`rollout/engine_guard.py`) stops the
 processes the trainer started in its session (here a multiprocessing manager, as megatron-core's checkpoint
-writer starts one) and removes the trainer's temporary folder (`distributed/run_tmpdir.py`)."""
+writer starts one, and torch's shared-memory manager), the trainer's torch shared-memory segments, and the
+trainer's temporary folder (`distributed/run_tmpdir.py`)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from tests.conftest import REPO
 TRAINER = """
 import multiprocessing, os, subprocess, sys, time
 os.environ["PYTHONUNBUFFERED"] = "1"  # the server's start line reaches the guard's log at once
+import torch
 from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir
 
 run = use_run_tmpdir()
+torch.multiprocessing.set_sharing_strategy("file_system")  # as the trainer shares weights with its engine
+shared = torch.zeros(1024).share_memory_()  # a /dev/shm/torch_<pid>_* segment and torch_shm_manager
 manager = multiprocessing.get_context("fork").Manager()
 queue = manager.Queue()
 (run / "pymp-like").mkdir()
@@ -51,6 +55,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _torch_segments(pid: int) -> list[Path]:
+    return sorted(Path("/dev/shm").glob(f"torch_{pid}_*"))
+
+
 def test_a_killed_trainer_leaves_no_process_and_no_temporary_file(tmp_path: Path) -> None:
     # Short, as a TMPDIR must be for multiprocessing's sockets (`run_tmpdir.MAX_BASE_CHARS`).
     tmpdir, log = Path(tempfile.mkdtemp(prefix="reap-")), tmp_path / "engine.log"
@@ -74,6 +82,8 @@ def test_a_killed_trainer_leaves_no_process_and_no_temporary_file(tmp_path: Path
         trainer.stdin.write("fork\n")
         trainer.stdin.flush()
         late = int(trainer.stdout.readline())
+        segments = _torch_segments(trainer.pid)
+        assert segments, "torch's file_system sharing made no /dev/shm/torch_<pid>_* segment"
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
         deadline = time.monotonic() + 30
@@ -83,10 +93,13 @@ def test_a_killed_trainer_leaves_no_process_and_no_temporary_file(tmp_path: Path
         assert not _alive(late), "a child the trainer forked just before its death outlived it"
         assert not _alive(int(guard))
         assert list(tmpdir.iterdir()) == [], "the trainer's temporary folder outlived it"
+        assert _torch_segments(trainer.pid) == [], "the trainer's torch shared-memory segments outlived it"
     finally:
         if trainer.poll() is None:
             trainer.kill()
         shutil.rmtree(tmpdir, ignore_errors=True)
+        for segment in _torch_segments(trainer.pid):
+            segment.unlink(missing_ok=True)
 
 
 def test_a_tmpdir_too_long_for_sockets_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
