@@ -440,16 +440,21 @@ def corrupt(directory: Path, rng: random.Random) -> str:
 class Checkpoints:
     """What the chain knows of its checkpoints, independently of the trainer's own resolution: committed are
     the tracker's step and every finished directory before it (the tracker only moves forward, after its
-    directory is complete); damaged: corrupted on purpose; lost: committed ones that stopped verifying."""
+    directory is complete); damaged: corrupted on purpose (the directory's inode then: a resumed run that
+    writes that step again replaces the directory, and the step is intact again); lost: committed ones that
+    stopped verifying."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.committed, self.damaged, self.lost, self.finished = (
-            set[int](),
-            set[int](),
-            set[int](),
-            set[int](),
-        )
+        self.committed, self.lost, self.finished = set[int](), set[int](), set[int]()
+        self.damaged_inodes: dict[int, int] = {}
+
+    @property
+    def damaged(self) -> set[int]:
+        return set(self.damaged_inodes)
+
+    def damage(self, step: int) -> None:
+        self.damaged_inodes[step] = (self.root / f"iter_{step:07d}").stat().st_ino
 
     def update(self) -> None:
         from dapo_megatron.checkpoint import verify
@@ -459,6 +464,10 @@ class Checkpoints:
             for p in (self.root.iterdir() if self.root.is_dir() else [])
             if (m := re.fullmatch(r"iter_(\d+)", p.name))
         }
+        for step, inode in list(self.damaged_inodes.items()):
+            with contextlib.suppress(OSError):
+                if (self.root / f"iter_{step:07d}").stat().st_ino != inode:
+                    del self.damaged_inodes[step]
         with contextlib.suppress(OSError):
             match = re.fullmatch(r"(\d+)\n", (self.root / "latest_checkpointed_iteration.txt").read_text())
             if match:
@@ -501,13 +510,14 @@ def run_chain(
             if newest:
                 detail = corrupt(out / "checkpoints" / f"iter_{newest:07d}", rng)
                 if "latest_checkpointed_iteration" not in detail:
-                    checkpoints.damaged.add(newest)
+                    checkpoints.damage(newest)
                 corruption = Outcome("corrupt_checkpoint", injected=True, landed=True, detail=detail)
                 waiting.append(corruption)
                 expected = checkpoints.newest_intact()
         env: dict[str, str] = {}
         if kind == "disk_full":
-            step = expected + rng.randint(1, 2)
+            # The trainer resumes from a finished directory newer than the tracker's step too.
+            step = max(checkpoints.finished - checkpoints.damaged, default=expected) + rng.randint(1, 2)
             env = {
                 "DAPO_FAULT_ENOSPC_DIR": str(out / "checkpoints" / f"iter_{step:07d}.partial"),
                 "DAPO_FAULT_ENOSPC_BYTES": str(rng.randrange(0, 700_000)),
