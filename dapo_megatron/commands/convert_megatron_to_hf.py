@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 from dapo_megatron.checkpoint import read_model_config, resolve
+from dapo_megatron.cli import reports_config_errors
+from dapo_megatron.config import ConfigError
 from dapo_megatron.models import hf_export, hf_io, hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.torch_dist_reader import TorchDistReader
@@ -62,8 +64,8 @@ def _model_config(directory: Path, base: dict | None) -> ModelConfig:
         return ModelConfig.from_hf_config(base)
     saved = read_model_config(directory)
     if saved is None:
-        raise SystemExit(
-            f"error: {directory} has no dapo_model.json (not written by this project); pass "
+        raise ConfigError(
+            f"{directory} has no dapo_model.json (not written by this project); pass "
             "--hf-config-dir with the base model's config.json"
         )
     return saved
@@ -74,15 +76,19 @@ def _export_dtype(reader: TorchDistReader, requested: str | None) -> torch.dtype
         return _DTYPES[requested]
     stored = reader.dtypes()
     if len(stored) != 1:
-        raise SystemExit(f"error: the checkpoint mixes dtypes {sorted(map(str, stored))}; pass --dtype")
+        raise ConfigError(f"the checkpoint mixes dtypes {sorted(map(str, stored))}; pass --dtype")
     return next(iter(stored))
 
 
+@reports_config_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
-    directory = resolve(args.checkpoint)
-    out_dir = hf_export.check_output(args.output, force=args.force)
+    try:
+        directory = resolve(args.checkpoint)
+        out_dir = hf_export.check_output(args.output, force=args.force)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:  # wrong paths: the user's to fix
+        raise ConfigError(str(error)) from error
     base = hf_io.read_hf_config(args.hf_config_dir) if args.hf_config_dir else None
     model_cfg = _model_config(directory, base)
     reader = TorchDistReader(directory)

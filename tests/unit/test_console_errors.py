@@ -4,6 +4,7 @@ line on stderr, nothing on stdout, no traceback, exit status 2."""
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,37 @@ def test_a_config_error_is_one_line_and_exit_status_2(
     code = console_script(script)(args)
     out, err = capsys.readouterr()
     assert (code, out, err) == (2, "", message + "\n")
+
+
+def test_checkpoint_export_reports_wrong_paths_as_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dapo_megatron.checkpoint import write_manifest
+
+    export = console_script("dapo-convert-megatron-to-hf")
+    missing = tmp_path / "no_such_run"
+    assert export(["--checkpoint", str(missing), "--output", str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {missing} is neither a torch_dist checkpoint")
+
+    foreign = tmp_path / "foreign" / "iter_0000001"  # complete, but not written by this project
+    foreign.mkdir(parents=True)
+    (foreign / "weights.bin").write_bytes(b"\0" * 8)
+    write_manifest(foreign)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("precious")
+    assert export(["--checkpoint", str(foreign), "--output", str(taken)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: {taken} already exists and is not empty; pass --force to overwrite it\n"
+    )
+    assert (taken / "keep.txt").read_text() == "precious"
+
+    assert export(["--checkpoint", str(foreign), "--output", str(tmp_path / "hf")]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        f"error: {foreign} has no dapo_model.json (not written by this project); pass "
+        "--hf-config-dir with the base model's config.json\n",
+    )
+    assert not (tmp_path / "hf").exists()
