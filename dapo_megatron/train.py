@@ -126,13 +126,15 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
         layout, fleet, policy, rollouts = session.layout, session.fleet, session.policy, session.rollouts
         stop = StopRequest()
         step = saved = first = session.start_step
+        fleet.release_memory()  # GPU: the engine steps aside for the trainer's state to come back
+        policy.reload_state()  # trainer.offload_during_rollout: it left before the engine started
+        first_sync = fleet.sync_weights(policy.actor, rollouts.client, step, offload=policy.offload_state)
         startup_metrics = {
             **session.timings,
-            "startup/first_sync_s": fleet.sync_weights(policy.actor, rollouts.client, step),
+            "startup/first_sync_s": first_sync.seconds,
             "startup/total_s": time.perf_counter() - IMPORTED_AT,
         }
         metrics.log(startup_metrics, step)
-        policy.offload_state()  # trainer.offload_during_rollout: in host memory until the first update
         console.info(
             "start-up: first weight sync %.1fs; ready in %.1fs",
             startup_metrics["startup/first_sync_s"],
@@ -172,14 +174,15 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             )
             wait_seconds = rollouts.wait_for_ahead(session.threads)  # no weights enter mid-generation
             console.debug("step %d: weight sync", step)
-            sync_seconds = fleet.sync_weights(policy.actor, rollouts.client, step)
+            # The training state leaves mid-sync: the engine generates in the memory it leaves.
+            sync = fleet.sync_weights(policy.actor, rollouts.client, step, offload=policy.offload_state)
             console.debug("step %d: synced", step)
-            moved_seconds += policy.offload_state()  # the engine generates in the memory the state leaves
+            moved_seconds += sync.offload_seconds
             step_metrics = {
                 **rollout_metrics,
                 **batch_metrics,
                 **train_metrics,
-                "timing_s/update_weights": sync_seconds,
+                "timing_s/update_weights": sync.seconds,
             }
             if job.trainer.offload_during_rollout:
                 step_metrics["timing_s/offload"] = moved_seconds

@@ -3,7 +3,7 @@
 Life cycle, in the order `trainer/setup.py` calls it: `launch` (this rank's engine, if it launches one; the
 only place a training job starts an engine) -> `connect` (collective: every engine ready, their records
 exchanged) -> `open_sync` (collective: the weight sync and its probe batch) -> per step `release_memory`
-and `sync_weights` (with `check_sync` when due) -> `close_sync` -> `shutdown`.
+and `sync_weights` (with the probe's check when due) -> `close_sync` -> `shutdown`.
 """
 
 from __future__ import annotations
@@ -59,6 +59,18 @@ def rollout_config(job: JobConfig) -> RolloutConfig:
         dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
         seed=job.seed if rollout.seed is None else rollout.seed,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncReport:
+    """One `EngineFleet.sync_weights`."""
+
+    seconds: float
+    """The sync, the check included and the trainer state's offload not."""
+    offload_seconds: float
+    probe_gap: float | None
+    """The largest difference between an engine's and the trainer's log-probs on the probe batch, when it was
+    checked (0.0 off the driving rank); None when no check was due."""
 
 
 class EngineFleet:
@@ -182,12 +194,22 @@ class EngineFleet:
             self._released = True
         torch.distributed.barrier()
 
-    def sync_weights(self, actor: Actor, client: RolloutClient | None, step: int) -> float:
-        """Push the weights as version `step-N`; check them against the trainer when due (`check_sync`).
-        Collective; returns the seconds taken.
+    def sync_weights(
+        self,
+        actor: Actor,
+        client: RolloutClient | None,
+        step: int,
+        *,
+        offload: Callable[[], float] | None = None,
+    ) -> SyncReport:
+        """Push the weights as version `step-N`; check them against the trainer on the probe batch when due
+        (rollout.sync_check).
+        Collective. `offload`: moves the trainer's state to host memory (`Policy.offload_state`), called
+        once the trainer is done with it and before the engine takes back its KV cache.
 
         On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
-        push, then the KV cache once nothing of the trainer's transient buffers is needed any more."""
+        push and the trainer's side of the check, then the trainer's state leaves (`offload`), then the KV
+        cache comes back, into that memory too, and the engines' side of the check runs on it."""
         from dapo_megatron.rollout.engine import raise_if_any_died
         from dapo_megatron.rollout.weight_sync import WeightSyncError
 
@@ -205,28 +227,37 @@ class EngineFleet:
         except WeightSyncError as failure:  # a push refused because an engine died: say which, with its log
             raise_if_any_died(self.watched, failure)
             raise
+        mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
+        check = mode == "always" or (
+            mode == "first" and (self._last_check < 0 or step - self._last_check >= every)
+        )
+        trainer_log_probs = self._trainer_probe(actor) if check else None
+        moving = time.perf_counter()
+        offload_seconds = offload() if offload is not None else 0.0
+        moved = time.perf_counter() - moving
         if released:
-            torch.cuda.empty_cache()  # the sync's transient buffers
+            torch.cuda.empty_cache()  # the sync's transient buffers, and the state `offload` moved out
             self.engine.resume_memory(["kv_cache", "cuda_graph"])
             self._released = False
-        mode, every = self.job.rollout.sync_check, self.job.rollout.sync_check_every
-        if mode == "always" or (
-            mode == "first" and (self._last_check < 0 or step - self._last_check >= every)
-        ):
-            self.check_sync(version, actor, client)
+        gap = None
+        if trainer_log_probs is not None:
+            gap = self._compare_probe(version, trainer_log_probs, client)
             self._last_check = step
-        return time.perf_counter() - started
+        return SyncReport(time.perf_counter() - started - moved, offload_seconds, gap)
 
-    def check_sync(self, version: str, actor: Actor, client: RolloutClient | None) -> float:
-        """Compare every engine's log-probs on the probe batch with the trainer's; raises WeightSyncError
-        beyond rollout.sync_check_tolerance. Collective; `client`: the driving rank's (None elsewhere).
-        Returns the largest difference (0.0 off the driving rank)."""
-        return self.probe.check(
-            actor,
-            client,
-            version=version,
-            tolerance=self.job.rollout.sync_check_tolerance,
-            micro_batch_size=self.job.trainer.micro_batch_size,
+    def _trainer_probe(self, actor: Actor) -> torch.Tensor:
+        assert self.probe is not None
+        return self.probe.trainer_log_probs(actor, micro_batch_size=self.job.trainer.micro_batch_size)
+
+    def _compare_probe(
+        self, version: str, trainer_log_probs: torch.Tensor, client: RolloutClient | None
+    ) -> float:
+        """Every engine's log-probs on the probe batch against the trainer's; raises WeightSyncError beyond
+        rollout.sync_check_tolerance. `client`: the driving rank's (None elsewhere). Returns the largest
+        difference (0.0 off the driving rank)."""
+        assert self.probe is not None
+        return self.probe.compare(
+            trainer_log_probs, client, version=version, tolerance=self.job.rollout.sync_check_tolerance
         )
 
     def close_sync(self) -> None:

@@ -132,6 +132,9 @@ class Session:
         self.policy = Policy(self.job, self.layout)
         self.start_step, self.resumed = self.policy.load_initial_state()
         self.resumed_from = self.policy.resumed_from
+        # trainer.offload_during_rollout: on GPUs the engine launches next and sizes its KV cache from the
+        # memory left free, which then includes the state's; it comes back for the first weight sync.
+        self.policy.offload_state()
         self._phase("policy", started, f"policy built, {self._initial_state()}")
 
     def _phase(self, name: str, started: float, what: str) -> None:

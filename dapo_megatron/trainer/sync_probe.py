@@ -73,20 +73,18 @@ class SyncProbe:
         torch.distributed.broadcast_object_list(objects, src=0)
         return cls(objects[0], continuation, pad_token_id=pad_token_id)
 
-    def check(
-        self,
-        actor: Actor,
-        client: RolloutClient | None,
-        *,
-        version: str,
-        tolerance: float,
-        micro_batch_size: int,
+    def trainer_log_probs(self, actor: Actor, *, micro_batch_size: int) -> torch.Tensor:
+        """The trainer's log-probs [n, L - 1] of the probe rows (at temperature 1: SGLang scores given
+        tokens untempered). Collective: every rank takes part in the forward pass."""
+        return actor.compute_log_probs(self.rows, micro_batch_size, temperature=1.0)
+
+    def compare(
+        self, trainer: torch.Tensor, client: RolloutClient | None, *, version: str, tolerance: float
     ) -> float:
-        """Every engine's log-probs against the trainer's (`weight_sync.check_sync`). Collective: every rank
-        computes the trainer's; the driving rank (`client` not None) asks each engine. Returns the largest
-        difference (0.0 without a client)."""
-        # SGLang scores given tokens untempered, so compare at temperature 1.
-        trainer = actor.compute_log_probs(self.rows, micro_batch_size, temperature=1.0)
+        """Every engine's log-probs against the trainer's (`trainer_log_probs`; `weight_sync.check_sync`),
+        asked by the driving rank (`client` not None). Returns the largest difference (0.0 without a
+        client). Apart from `trainer_log_probs` so that the trainer's state may leave the device between
+        the two (`EngineFleet.sync_weights`)."""
         if client is None:
             return 0.0
         gaps = [0.0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -103,3 +104,78 @@ def test_offload_and_overlapped_rollouts_are_refused_together() -> None:
                 ]
             )
         )
+
+
+def test_the_sync_offloads_after_the_trainers_probe_and_before_the_kv_cache_returns(gloo: None) -> None:
+    """On GPUs the engine's KV cache comes back into the memory the trainer's state leaves: the push and the
+    trainer's side of the probe need that state resident, the engines' side needs the KV cache. The fleet
+    runs as on a GPU node (device "cuda": it releases and resumes the engine's memory); the engine, its
+    weight sync and the rollout client are recorders, the model, optimizer, offload and probe are real."""
+    from dapo_megatron import config as job_config
+    from dapo_megatron.rollout.fleet import EngineFleet
+    from dapo_megatron.trainer.offload import TrainerStateOffload
+    from dapo_megatron.trainer.sync_probe import SyncProbe
+
+    _, model, actor = worker.build({}, seed=7)
+    offload = TrainerStateOffload(model, actor.optimizer)
+    param = next(model.parameters())
+    events: list[str] = []
+
+    def resident() -> str:
+        return "resident" if param.untyped_storage().nbytes() > 0 else "offloaded"
+
+    class Engine:
+        def release_memory(self) -> None:
+            events.append("engine releases")
+
+        def resume_memory(self, tags: list[str]) -> None:
+            events.append(f"engine resumes {'+'.join(tags)} (trainer {resident()})")
+
+    class Sync:
+        def sync(self, model: torch.nn.Module, version: str) -> None:
+            events.append(f"push {version} (trainer {resident()})")
+
+    probe = SyncProbe([[1, 2, 3], [4, 5]], [6, 7], pad_token_id=0)
+    trainer_log_probs = actor.compute_log_probs(probe.rows, 2, temperature=1.0)
+
+    class Client:
+        urls = ("http://engine-0",)
+
+        def teacher_forced_log_probs(
+            self, sequences: list[list[int]], prompt_lengths: list[int], engine: int
+        ) -> list[list[float]]:
+            events.append("engine scores the probe")
+            return [
+                trainer_log_probs[row, length - 1 : len(sequence) - 1].tolist()
+                for row, (sequence, length) in enumerate(zip(sequences, prompt_lengths, strict=True))
+            ]
+
+    original = actor.compute_log_probs
+
+    def trainer_scores(*args: Any, **kwargs: Any) -> torch.Tensor:
+        events.append(f"trainer scores the probe (trainer {resident()})")
+        return original(*args, **kwargs)
+
+    actor.compute_log_probs = trainer_scores
+    job = job_config.load(["rollout.sync_check=always"], world_size=1)
+    fleet = EngineFleet(job, rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", device="cuda")
+    fleet.engine, fleet.sync, fleet.probe = Engine(), Sync(), probe
+
+    def offload_state() -> float:
+        events.append("trainer offloads")
+        return offload.offload()
+
+    fleet.release_memory()
+    offload.reload()
+    report = fleet.sync_weights(actor, Client(), 3, offload=offload_state)
+    assert events == [
+        "engine releases",
+        "engine resumes weights (trainer resident)",
+        "push step-3 (trainer resident)",
+        "trainer scores the probe (trainer resident)",
+        "trainer offloads",
+        "engine resumes kv_cache+cuda_graph (trainer offloaded)",
+        "engine scores the probe",
+    ]
+    assert report.probe_gap == 0.0 and report.offload_seconds >= 0.0 and offload.offloaded
+    offload.reload()
