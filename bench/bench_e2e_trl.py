@@ -308,6 +308,17 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     if code != 0:
         raise RuntimeError(f"TRL run exited with {code}; end of its log:\n{tail(log)}")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
+    steps, evals = trl_progress(lines, launched)
+    return summarise(steps, evals, lines[0]["time"] - launched, size)
+
+
+def trl_progress(
+    lines: list[dict[str, Any]], launched: float
+) -> tuple[list[dict[str, float]], list[tuple[int, float, float]]]:
+    """The TRL worker's records (one per rollout step boundary, `trl_dapo_worker.py`) as per-step work and
+    (step, accuracy, seconds since `launched`) evaluations, every evaluation's own time left out. A record is
+    stamped after that step's evaluation, and its `eval_s` counts it: the time at which the evaluated weights
+    existed is the stamp less every evaluation so far."""
     steps, evals = [], []
     for before, after in itertools.pairwise(lines):
         generated = after["samples"] - before["samples"]
@@ -322,12 +333,8 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
         )
     for line in lines:
         if line["eval_accuracy"] is not None:
-            # The stamp is taken before that evaluation ran: subtract only the earlier evaluations.
-            own = line["eval_s"] - max((x["eval_s"] for x in lines if x["step"] < line["step"]), default=0.0)
-            evals.append(
-                (line["step"], line["eval_accuracy"], line["time"] - launched - (line["eval_s"] - own))
-            )
-    return summarise(steps, evals, lines[0]["time"] - launched, size)
+            evals.append((line["step"], line["eval_accuracy"], line["time"] - launched - line["eval_s"]))
+    return steps, evals
 
 
 def rates(steps: list[dict[str, float]]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ the arithmetic problems of the same task and split (`data.arithmetic`, --task), 
 (`algo.dynamic_sampling.judge_group`, to count informative samples), the tokenizer loader (`data.tokenizer`,
 which keeps the character tokenizer's ids) and DAPO's scorer (`rewards.math_dapo`).
 
-Writes one JSON line per rollout step to --out: wall time (`time.time()`), cumulative evaluation seconds,
+Writes one JSON line per rollout step to --out: wall time (`time.time()`, after that step's evaluation if one
+was due), cumulative evaluation seconds (that evaluation included),
 cumulative generated samples, response tokens and informative samples (those of groups whose samples disagree,
 so that their advantages are not all zero: what DAPO's dynamic sampling keeps), and the held-out greedy
 accuracy when evaluated.

@@ -47,6 +47,22 @@ def test_time_to_accuracy_is_the_upper_median_with_misses_counted_as_later() -> 
     assert one["time_to_accuracy_s"] == 60.0 and one["reached_runs"] == 1.0
 
 
+def test_trls_evaluation_time_is_left_out_of_its_time_to_accuracy() -> None:
+    """The worker stamps a step after its evaluation; the evaluated weights existed before it ran."""
+    launched = 1000.0
+    lines = [  # 4 s of training per step; the evaluations at steps 0 and 2 take 10 s and 30 s
+        {"step": 0, "time": 1010.0, "eval_s": 10.0, "samples": 0, "tokens": 0, "informative": 0,
+         "eval_accuracy": 0.2},
+        {"step": 1, "time": 1014.0, "eval_s": 10.0, "samples": 64, "tokens": 640, "informative": 32,
+         "eval_accuracy": None},
+        {"step": 2, "time": 1048.0, "eval_s": 40.0, "samples": 128, "tokens": 1280, "informative": 64,
+         "eval_accuracy": 0.3},
+    ]  # fmt: skip
+    steps, evals = bench.trl_progress(lines, launched)
+    assert [step["seconds"] for step in steps] == [4.0, 4.0]
+    assert evals == [(0, 0.2, 0.0), (2, 0.3, 8.0)]
+
+
 def test_rates_pool_every_runs_steps() -> None:
     quick, slow = run(10.0, [0.2, 0.3]), run(30.0, [0.2, 0.3, 0.3])  # 5 steps of 10 s, 10 steps of 30 s
     pooled = bench.over_runs([quick, slow])
