@@ -14,7 +14,8 @@ warmed up on that task (built first if `--base` holds none); a run whose
 
 Writes `<out>/table.md` (per rung, over seeds: final and best held-out accuracy, mean +- standard
 deviation; how many seeds reached `--target` held-out accuracy and the median time and generated samples
-they took; entropy and mean response length over the last steps) and three PNGs drawn by
+they took; entropy and mean response length over the last steps; the share of trained samples cut off at the
+response cap) and three PNGs drawn by
 tools/plot_metrics.py, one line per rung (mean over seeds, band min-max) against the step: held-out
 accuracy, entropy and response length (the paper's Figures 2, 3 and 7).
 """
@@ -75,6 +76,7 @@ class Names:
     response_length: str = plot_metrics.RESPONSE_LENGTH
     samples_per_kept: str = "dynamic_sampling/samples_per_kept"
     kept_groups: str = "dynamic_sampling/kept_groups"
+    cut_at_cap: str = "response_length/clip_ratio"
 
 
 def rung_dir(runs_dir: Path, rung: str, seed: int) -> Path:
@@ -110,8 +112,9 @@ def summarise_run(
     records: Sequence[dict[str, Any]], names: Names, *, target: float, group_size: int, tail: int
 ) -> dict[str, Any]:
     """One run's numbers: final and best held-out accuracy, when (seconds since launch, samples generated
-    by then) it first reached `target`, and entropy and response length averaged over its last `tail`
-    training steps."""
+    by then) it first reached `target`, entropy and response length averaged over its last `tail` training
+    steps, and the share of trained samples cut off at the response cap (over all steps, and the most in one
+    step): where it is ~0, the rungs that act on overlong samples change nothing."""
     evals = [r for r in records if names.accuracy in r]
     steps = [r for r in records if names.kept_groups in r]
     if not evals or not steps:
@@ -132,6 +135,8 @@ def summarise_run(
         "samples_to_target": samples,
         "entropy": statistics.fmean(r[names.entropy] for r in last),
         "response_length": statistics.fmean(r[names.response_length] for r in last),
+        "cut_at_cap": statistics.fmean(r.get(names.cut_at_cap, 0.0) for r in steps),
+        "cut_at_cap_max": max(r.get(names.cut_at_cap, 0.0) for r in steps),
         "seconds": records[-1][SECONDS],
     }
 
@@ -148,7 +153,7 @@ def table(summaries: dict[str, list[dict[str, Any]]], target: float) -> str:
     head = (
         "| rung | seeds | final held-out acc | best held-out acc | reached "
         f"{target:g} | time to {target:g} (s, median) | samples to {target:g} (median) | entropy (end) | "
-        "response length (end) | run time (s, mean) |"
+        "response length (end) | cut at the cap (%: all steps, most in a step) | run time (s, mean) |"
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for rung, runs in summaries.items():
@@ -162,6 +167,8 @@ def table(summaries: dict[str, list[dict[str, Any]]], target: float) -> str:
             f"{mean_sd([r['best'] for r in runs])} | {len(reached)}/{len(runs)} | {to_target[0]} | "
             f"{to_target[1]} | {mean_sd([r['entropy'] for r in runs])} | "
             f"{mean_sd([r['response_length'] for r in runs], 2)} | "
+            f"{100 * statistics.fmean(r['cut_at_cap'] for r in runs):.2f}, "
+            f"{100 * max(r['cut_at_cap_max'] for r in runs):.1f} | "
             f"{statistics.fmean(r['seconds'] for r in runs):.0f} |"
         )
     return "\n".join(rows) + "\n"

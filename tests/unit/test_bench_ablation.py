@@ -124,6 +124,7 @@ def records(evals: dict[int, float], *, seconds_per_step: float = 10.0) -> list[
                     "dynamic_sampling/samples_per_kept": 1.5,
                     "actor/entropy": 0.1 * step,
                     "response_length/mean": 10.0 + step,
+                    "response_length/clip_ratio": 0.05 if step == 3 else 0.0,
                     ablation.SECONDS: seconds_per_step * step,
                 }
             )
@@ -148,6 +149,8 @@ def test_run_summary() -> None:
         "samples_to_target": 2 * (2 * 1.5 * 4),  # steps 1 and 2
         "entropy": pytest.approx(0.35),  # steps 3 and 4
         "response_length": 13.5,
+        "cut_at_cap": pytest.approx(0.0125),  # one step of four cut 5%
+        "cut_at_cap_max": 0.05,
         "seconds": 41.0,
     }
     never = ablation.summarise_run(
@@ -168,6 +171,7 @@ def test_report_writes_the_table_and_the_plots(tmp_path: Path) -> None:
     rows = text.splitlines()
     assert len(rows) == 4
     assert rows[2].startswith("| naive GRPO | 2 | 0.400 ± 0.141 | 0.400 ± 0.141 | 1/2 | 41 | 48 |")
+    assert rows[2].endswith("| 1.25, 5.0 | 41 |")
     assert rows[3].startswith(
         "| + dynamic sampling (DAPO) | 1 | 0.700 ± 0.000 | 0.700 ± 0.000 | 1/1 | 41 | 24 |"
     )
