@@ -16,6 +16,8 @@ from pathlib import Path
 RUN_TMPDIR_ENV = "DAPO_RUN_TMPDIR"
 
 
+SHM_MANAGER_GRACE_S = 10.0
+"""How long the folder waits, after the trainer is gone, for torch's shared-memory manager to leave it."""
 MAX_BASE_CHARS = 48
 """Sockets live two levels below the folder (multiprocessing's `pymp-*/listener-*`, the engine's
 `dapo-engine-*/tmp*`), and AF_UNIX paths are limited to 107 bytes: under a longer TMPDIR the run keeps it."""
@@ -42,13 +44,16 @@ def use_run_tmpdir() -> Path | None:
 def _remove_if_made_here(path: Path, pid: int) -> None:
     # Forked children (megatron-core's checkpoint writers, the reward pool) inherit this exit handler; the
     # folder is the trainer's to remove, and still in use when they exit. Not removed from here: libtorch
-    # still uses files in it while the interpreter shuts down (removing them aborts the process with
-    # std::system_error), so a detached process removes it once this one is gone.
+    # still uses files in it while the interpreter shuts down, and torch's shared-memory manager keeps its
+    # socket in a `torch-shm-dir-*` folder there until it notices, a second or two after this process is
+    # gone, that its last client left (either one, finding its files removed, aborts with "terminate called
+    # after throwing an instance of 'std::system_error'"). So a detached process removes the folder once
+    # this one is gone and the manager has removed its own folder (or SHM_MANAGER_GRACE_S has passed).
     if os.getpid() != pid:
         return
     remover = (
-        "import shutil, sys, time\n"
-        "pid, path = sys.argv[1], sys.argv[2]\n"
+        "import glob, os, shutil, sys, time\n"
+        "pid, path, grace = sys.argv[1], sys.argv[2], float(sys.argv[3])\n"
         "def running():\n"
         "    try:\n"
         "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
@@ -56,11 +61,14 @@ def _remove_if_made_here(path: Path, pid: int) -> None:
         "        return False\n"
         "while running():\n"
         "    time.sleep(0.05)\n"
+        "deadline = time.monotonic() + grace\n"
+        "while glob.glob(os.path.join(path, 'torch-shm-dir-*')) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
         "shutil.rmtree(path, ignore_errors=True)\n"
     )
     with contextlib.suppress(OSError):
         subprocess.Popen(
-            [sys.executable, "-S", "-c", remover, str(pid), str(path)],
+            [sys.executable, "-S", "-c", remover, str(pid), str(path), str(SHM_MANAGER_GRACE_S)],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -139,3 +139,33 @@ def test_a_forked_child_leaving_does_not_remove_the_trainers_folder(tmp_path: Pa
         assert not Path(run).exists(), "the trainer's own exit removes its folder"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_trainer_that_shared_tensors_exits_quietly_and_leaves_no_folder() -> None:
+    """torch's shared-memory manager keeps its socket in the run's folder until after the trainer is gone:
+    removed under it, the manager aborts with a C++ `std::system_error` on the trainer's console."""
+    script = (
+        "import torch\n"
+        "from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir\n"
+        "run = use_run_tmpdir()\n"
+        "torch.multiprocessing.set_sharing_strategy('file_system')\n"
+        "shared = torch.zeros(16).share_memory_()  # starts torch_shm_manager, its socket in the folder\n"
+        "print(run, flush=True)\n"
+    )
+    base = Path(tempfile.mkdtemp(prefix="shm-"))
+    try:
+        env = dict(os.environ, TMPDIR=str(base), PYTHONPATH=str(REPO))
+        env.pop("DAPO_RUN_TMPDIR", None)
+        # The manager inherits the pipes: this returns once it has exited too, with what it printed.
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        assert "terminate called" not in out.stderr, out.stderr
+        run = Path(out.stdout.strip())
+        deadline = time.monotonic() + 30
+        while run.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not run.exists(), "the trainer's folder outlived it"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
