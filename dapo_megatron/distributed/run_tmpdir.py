@@ -18,6 +18,7 @@ RUN_TMPDIR_ENV = "DAPO_RUN_TMPDIR"
 
 SHM_MANAGER_GRACE_S = 10.0
 """How long the folder waits, after the trainer is gone, for torch's shared-memory manager to leave it."""
+
 MAX_BASE_CHARS = 48
 """Sockets live two levels below the folder (multiprocessing's `pymp-*/listener-*`, the engine's
 `dapo-engine-*/tmp*`), and AF_UNIX paths are limited to 107 bytes: under a longer TMPDIR the run keeps it."""

@@ -202,10 +202,10 @@ class EngineFleet:
         *,
         offload: Callable[[], float] | None = None,
     ) -> SyncReport:
-        """Push the weights as version `step-N`; check them against the trainer on the probe batch when due
-        (rollout.sync_check).
-        Collective. `offload`: moves the trainer's state to host memory (`Policy.offload_state`), called
-        once the trainer is done with it and before the engine takes back its KV cache.
+        """Push the weights as version `step-N` and, when due (rollout.sync_check), check them against the
+        trainer on the probe batch. Collective. `offload`: moves the trainer's state to host memory
+        (`Policy.offload_state`), called once the trainer is done with it and before the engine takes back
+        its KV cache.
 
         On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
         push and the trainer's side of the check, then the trainer's state leaves (`offload`), then the KV
