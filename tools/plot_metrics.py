@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def plot(
     if missing:
         present = sorted({key for runs in groups.values() for r in runs for record in r for key in record})
         raise ValueError(f"no run logs {missing} against {x!r}; the records hold: {', '.join(present)}")
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.4 * len(metrics), 4.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         for label, runs in groups.items():
             xs, mean, low, high = band(runs, metric, x)
@@ -118,8 +119,8 @@ def plot(
         ax.set_title(metric)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
+    if title:  # wrapped to the figure's width (about 60 characters a panel at the default font size)
+        fig.suptitle(textwrap.fill(title, width=60 * len(metrics), break_on_hyphens=False))
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110)
