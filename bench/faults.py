@@ -469,7 +469,9 @@ class Checkpoints:
                 if (self.root / f"iter_{step:07d}").stat().st_ino != inode:
                     del self.damaged_inodes[step]
         with contextlib.suppress(OSError):
-            match = re.fullmatch(r"(\d+)\n", (self.root / "latest_checkpointed_iteration.txt").read_text())
+            match = re.fullmatch(
+                r"(\d+)\n", (self.root / "latest_checkpointed_iteration.txt").read_text(errors="replace")
+            )
             if match:
                 tracked = int(match.group(1))
                 self.committed |= {step for step in self.finished if step <= tracked}

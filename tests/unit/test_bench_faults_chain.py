@@ -42,3 +42,16 @@ def test_a_damaged_step_written_again_is_intact_again(tmp_path: Path) -> None:
     checkpoints.update()
     assert checkpoints.newest_intact() == 2, "a step written again after its damage is the newest again"
     assert checkpoints.lost == set()
+
+
+def test_a_tracker_with_flipped_bytes_commits_nothing_new(tmp_path: Path) -> None:
+    """The chain damages the tracker too; a flipped byte may leave it invalid UTF-8."""
+    root = tmp_path / "checkpoints"
+    _write(root, 1)
+    checkpoints = faults.Checkpoints(root)
+    checkpoints.update()
+    (root / "latest_checkpointed_iteration.txt").write_bytes(bytes([ord("1") ^ 0xFF, ord("\n")]))
+    _write(root, 2)
+    (root / "latest_checkpointed_iteration.txt").write_bytes(bytes([ord("2") ^ 0xFF, ord("\n")]))
+    checkpoints.update()
+    assert checkpoints.newest_intact() == 1
