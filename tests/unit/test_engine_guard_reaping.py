@@ -5,6 +5,7 @@ trainer's temporary folder (`distributed/run_tmpdir.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -113,7 +115,29 @@ def test_a_tmpdir_too_long_for_sockets_is_kept(tmp_path: Path, monkeypatch: pyte
     assert tempfile.gettempdir() == str(long_base) and run_tmpdir.RUN_TMPDIR_ENV not in os.environ
 
 
-def test_a_forked_child_leaving_does_not_remove_the_trainers_folder(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _run_in_fresh_tmpdir(script: str) -> Iterator[subprocess.CompletedProcess[str]]:
+    """`script` as a trainer process under a TMPDIR of its own, its output captured once every process that
+    inherited its pipes has exited; the TMPDIR is removed after the caller's checks."""
+    base = Path(tempfile.mkdtemp(prefix="run-"))
+    try:
+        env = dict(os.environ, TMPDIR=str(base), PYTHONPATH=str(REPO))
+        env.pop("DAPO_RUN_TMPDIR", None)
+        yield subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _gone(path: Path, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not path.exists()
+
+
+def test_a_forked_child_leaving_does_not_remove_the_trainers_folder() -> None:
     script = (
         "import os, sys\n"
         "from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir\n"
@@ -124,21 +148,10 @@ def test_a_forked_child_leaving_does_not_remove_the_trainers_folder(tmp_path: Pa
         "os.waitpid(pid, 0)\n"
         "print(run, run.is_dir())\n"
     )
-    base = Path(tempfile.mkdtemp(prefix="fork-"))
-    try:
-        env = dict(os.environ, TMPDIR=str(base), PYTHONPATH=str(REPO))
-        env.pop("DAPO_RUN_TMPDIR", None)
-        out = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
-        )
+    with _run_in_fresh_tmpdir(script) as out:
         run, still_there = out.stdout.split()
         assert still_there == "True", out.stderr
-        deadline = time.monotonic() + 30  # removed once the process is gone
-        while Path(run).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not Path(run).exists(), "the trainer's own exit removes its folder"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        assert _gone(Path(run)), "the trainer's own exit removes its folder"
 
 
 def test_a_trainer_that_shared_tensors_exits_quietly_and_leaves_no_folder() -> None:
@@ -152,20 +165,8 @@ def test_a_trainer_that_shared_tensors_exits_quietly_and_leaves_no_folder() -> N
         "shared = torch.zeros(16).share_memory_()  # starts torch_shm_manager, its socket in the folder\n"
         "print(run, flush=True)\n"
     )
-    base = Path(tempfile.mkdtemp(prefix="shm-"))
-    try:
-        env = dict(os.environ, TMPDIR=str(base), PYTHONPATH=str(REPO))
-        env.pop("DAPO_RUN_TMPDIR", None)
-        # The manager inherits the pipes: this returns once it has exited too, with what it printed.
-        out = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-        )
+    # The manager inherits the pipes: this returns once it has exited too, with what it printed.
+    with _run_in_fresh_tmpdir(script) as out:
         assert out.returncode == 0, out.stderr
         assert "terminate called" not in out.stderr, out.stderr
-        run = Path(out.stdout.strip())
-        deadline = time.monotonic() + 30
-        while run.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not run.exists(), "the trainer's folder outlived it"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        assert _gone(Path(out.stdout.strip())), "the trainer's folder outlived it"
