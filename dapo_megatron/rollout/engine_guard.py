@@ -300,7 +300,7 @@ def _serve(parent: int, module: str, args: list[str]) -> None:
         # `=`: a key may start with "-", which argparse would take for an option.
         args = [*args, f"--api-key={key}", f"--admin-api-key={key}"]
     sys.argv = [module, *args]
-    # As `python -m MODULE`: SGLang's spawned workers re-import MODULE as their main module.
+    # As `python -m MODULE`.
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

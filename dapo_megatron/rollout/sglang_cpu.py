@@ -9,7 +9,9 @@ every process SGLang spawns (they re-import this module as their `__main__`), th
 launcher. A stand-in for `sgl_kernel` raises as soon as anything is *called* on it, so a run that
 finishes proves no kernel was needed. It also swaps the `torch_native` attention backend for the batched
 one in `rollout/cpu_attention.py`, through SGLang's backend registry (`DAPO_CPU_ATTENTION=stock` keeps
-SGLang's own, for comparisons). Nothing is installed into or edited in site-packages.
+SGLang's own, for comparisons). And it starts SGLang's scheduler and detokenizer by forking this process
+instead of spawning fresh interpreters (`fork_workers`). Nothing is installed into or edited in
+site-packages.
 
 On GPU machines SGLang is imported and launched as usual; this module is for CPU only.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import multiprocessing
 import os
 import sys
 import types
@@ -112,7 +115,33 @@ def install() -> None:
         cpu_attention.register()
 
 
-install()  # at import: SGLang's spawned children import this module again as __mp_main__
+install()  # at import, before anything imports SGLang
+
+
+class _ForkStart:
+    """`multiprocessing` as SGLang's launcher sees it: every process forks, and its request for `spawn` is
+    declined."""
+
+    def __init__(self) -> None:
+        self._fork = multiprocessing.get_context("fork")
+
+    def set_start_method(self, method: str | None, force: bool = False) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fork, name)
+
+
+def fork_workers() -> None:
+    """SGLang starts its scheduler and detokenizer with `spawn`: each is a fresh interpreter that imports
+    torch, SGLang and this module again, ~7 s of an ~18 s server start on two cores, all before the first
+    request. On a CPU nothing stands against `fork` (`spawn` is for CUDA, which cannot survive a fork): the
+    children start from this process with all of that imported, and with the stand-ins and the attention
+    backend already in place. The launcher has run no parallel torch op and started no thread by then, so a
+    forked child inherits no thread pool or lock in use."""
+    from sglang.srt.entrypoints import engine
+
+    engine.mp = _ForkStart()
 
 
 def main(argv: list[str]) -> None:
@@ -123,6 +152,7 @@ def main(argv: list[str]) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
+    fork_workers()
     server_args = prepare_server_args(argv)
     try:
         run_server(server_args)

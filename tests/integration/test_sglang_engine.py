@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from dapo_megatron.rollout.engine import (
     read_log_tail,
 )
 from dapo_megatron.rollout.weight_sync import WeightSyncError, post_all
+from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
 
 pytestmark = pytest.mark.sglang
@@ -76,6 +79,39 @@ def test_idle_engine_leaves_the_cores_to_the_trainer(engine: SGLangEngine) -> No
     started = time.monotonic()
     assert len(greedy(engine, PROMPT, 4)) == 4
     assert time.monotonic() - started < 2.0  # a sleeping scheduler still answers promptly
+
+
+FORK_PROBE = """
+import sys
+from dapo_megatron.rollout import sglang_cpu
+sglang_cpu.fork_workers()
+from sglang.srt.entrypoints import engine
+engine.mp.set_start_method("spawn", force=True)  # as SGLang's launcher does before starting its workers
+
+def report(writer):
+    writer.send(getattr(sys.modules["dapo_megatron.rollout.sglang_cpu"], "set_after_import", None))
+
+if __name__ == "__main__":  # a spawned child imports this file again, but not as __main__
+    sglang_cpu.set_after_import = "the launcher's memory"
+    reader, writer = engine.mp.Pipe(duplex=False)
+    worker = engine.mp.Process(target=report, args=(writer,))
+    worker.start()
+    print(reader.recv())
+    worker.join()
+"""
+
+
+def test_the_engines_workers_fork_from_the_launcher(tmp_path: Path) -> None:
+    """SGLang spawns its scheduler and detokenizer as fresh interpreters that import torch and SGLang again
+    (~7 s of an engine's start on two cores); on CPU they fork from the launcher instead
+    (`rollout/sglang_cpu.fork_workers`), seeing its memory as it was."""
+    script = tmp_path / "fork_probe.py"
+    script.write_text(FORK_PROBE)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "the launcher's memory"
 
 
 def test_release_and_staged_resume_keep_generation_correct(
