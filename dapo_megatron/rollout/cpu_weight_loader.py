@@ -9,12 +9,17 @@ the previous update makes the next one a cache hit; the trainer writes the same 
 they show is always the weights being loaded. The mapped pages are the trainer's own: holding them costs no
 memory.
 
+The copy runs on every core the engine may use, not on its generation threads: SGLang generates nothing
+during a weight update, and the trainer waits for it (the CPU sync sends one bucket at a time), so the cores
+are idle otherwise, and a copy of the model's size is bound by how many cores read and write memory at once.
+
 SGLang calls `load_keeping_mappings` for `update_weights_from_tensor` requests whose `load_format` is
 `LOAD_FORMAT`; the engine must be launched with `--custom-weight-loader LOAD_FORMAT` (SGLang's plugin hook).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the engine launcher imports this module for LOAD_FORMAT before torch is needed
@@ -27,5 +32,12 @@ _held: dict[str, torch.Tensor] = {}
 
 
 def load_keeping_mappings(model: torch.nn.Module, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-    model.load_weights(named_tensors)  # type: ignore[operator]  # SGLang's models define it
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    try:
+        model.load_weights(named_tensors)  # type: ignore[operator]  # SGLang's models define it
+    finally:
+        torch.set_num_threads(threads)  # generation's count (rollout/engine_threads.py) again
     _held.update(named_tensors)

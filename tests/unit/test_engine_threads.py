@@ -4,6 +4,7 @@ real SGLang engine)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,32 @@ def test_follow_does_nothing_outside_an_engine(
     engine_threads.follow()
     assert torch.get_num_threads() == before
     engine_threads._follower.cache_clear()
+
+
+class _RecordingModel(torch.nn.Module):
+    """Stands for SGLang's model: records the threads its `load_weights` copies on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(4))
+        self.threads: list[int] = []
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.threads.append(torch.get_num_threads())
+        for _, tensor in named_tensors:
+            self.weight.data.copy_(tensor)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: every thread count is the same")
+def test_a_weight_update_copies_on_every_core_then_generation_gets_its_threads_back(
+    restore_threads: None,
+) -> None:
+    from dapo_megatron.rollout import cpu_weight_loader
+
+    torch.set_num_threads(1)  # the engine's generation threads beside a training trainer
+    model = _RecordingModel()
+    cpu_weight_loader.load_keeping_mappings(model, [("weight", torch.ones(4))])
+    assert model.threads == [len(os.sched_getaffinity(0))]
+    assert torch.get_num_threads() == 1
+    assert torch.equal(model.weight.data, torch.ones(4))
+    cpu_weight_loader._held.clear()
