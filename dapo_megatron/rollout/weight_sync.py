@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import requests
@@ -93,6 +93,19 @@ def buckets(
         yield bucket
 
 
+class BucketEntry(NamedTuple):
+    """Where one tensor lies in a flattened bucket: the fields of SGLang's `FlattenedTensorMetadata`, which
+    the trainer builds without importing SGLang (1.5 s of a CPU trainer's start-up, for a record type). Made
+    into SGLang's own only where a flattened bucket goes to SGLang as such (`push_bucket`)."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
 def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
@@ -100,13 +113,11 @@ def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:
 def flatten_bucket(
     bucket: Sequence[tuple[str, torch.Tensor]], staging: torch.Tensor | None = None
 ) -> dict[str, Any]:
-    """SGLang's flattened-bucket payload: one uint8 buffer plus per-tensor metadata.
+    """SGLang's flattened-bucket payload: one uint8 buffer plus a `BucketEntry` per tensor.
 
     The tensors are copied once, into `staging` when it is given and large enough (a persistent shared-memory
     buffer on CPU), else into a new buffer (shared memory on CPU, device memory on GPU).
     """
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
-
     total = bucket_nbytes(bucket)
     if staging is not None and staging.numel() >= total:
         flat = staging[:total]
@@ -121,14 +132,7 @@ def flatten_bucket(
         raw = tensor.detach().contiguous().view(-1).view(torch.uint8)
         flat[start : start + raw.numel()].copy_(raw)
         metadata.append(
-            FlattenedTensorMetadata(
-                name=name,
-                shape=tensor.shape,
-                dtype=tensor.dtype,
-                start_idx=start,
-                end_idx=start + raw.numel(),
-                numel=raw.numel(),
-            )
+            BucketEntry(name, tensor.shape, tensor.dtype, start, start + raw.numel(), raw.numel())
         )
         start += raw.numel()
     return {"flattened_tensor": flat, "metadata": metadata}
@@ -630,6 +634,11 @@ def push_bucket(
     `flatten_bucket` payload or a list of named shared-memory / CUDA tensors; when it returns the engines
     have copied it and the buffer is free again. `load_format` names the engine's loader for a list (None:
     the model's `load_weights`); a flattened payload always uses SGLang's own."""
+    if isinstance(payload, dict):  # SGLang's flattened-bucket loader reads its own metadata type
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        metadata = [FlattenedTensorMetadata(*entry) for entry in payload["metadata"]]
+        payload = {**payload, "metadata": metadata}
     for url in urls:
         # The engine slices its own TP shard from the full tensors: the same payload for every rank, but
         # pickled once per receiving process. Pickling a shared-memory tensor takes one reference that the

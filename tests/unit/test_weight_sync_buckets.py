@@ -1,0 +1,36 @@
+"""The trainer's side of a flattened weight bucket, without an engine: its layout, and that building it does
+not import SGLang into the trainer (seconds of every CPU start-up)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from dapo_megatron.rollout.weight_sync import bucket_nbytes, flatten_bucket, named_views
+from tests.conftest import REPO
+
+
+def test_a_bucket_holds_every_tensor_once_and_gives_it_back_as_a_view() -> None:
+    bucket = [("a", torch.arange(6.0).view(2, 3)), ("b", torch.arange(4, dtype=torch.int64))]
+    payload = flatten_bucket(bucket)
+    assert payload["flattened_tensor"].numel() == bucket_nbytes(bucket) == 6 * 4 + 4 * 8
+    [(name_a, a), (name_b, b)] = named_views(payload)
+    assert (name_a, name_b) == ("a", "b")
+    assert torch.equal(a, bucket[0][1]) and torch.equal(b, bucket[1][1])
+    assert a.untyped_storage().data_ptr() == payload["flattened_tensor"].untyped_storage().data_ptr()
+    assert [(m.start_idx, m.end_idx) for m in payload["metadata"]] == [(0, 24), (24, 56)]
+
+
+def test_building_a_bucket_leaves_sglang_out_of_the_trainer() -> None:
+    code = (
+        "import sys, torch\n"
+        "from dapo_megatron.rollout.weight_sync import flatten_bucket, named_views\n"
+        "named_views(flatten_bucket([('w', torch.ones(3))]))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
+    )
+    assert proc.stdout.strip() == "[]"
