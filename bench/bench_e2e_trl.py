@@ -3,7 +3,8 @@
 DAPO, same task, base model, batch, response length, learning rate and optimizer steps per rollout batch, on
 the same CPU, one after the other.
 
-    python bench/bench_e2e_trl.py [--sizes demo large] [--steps N] [--quick] [--json PATH] [--trl-python PY]
+    python bench/bench_e2e_trl.py [--sizes demo large] [--seeds 0 1 2] [--steps N] [--quick] [--json PATH]
+        [--trl-python PY]
     python bench/bench_e2e_trl.py --sizes large --pairs 3 [--same-work-steps N]    # throughput only
 
 TRL lives in its own virtual environment, never in .venv (see requirements-bench.txt):
@@ -48,13 +49,19 @@ excluded, until held-out accuracy first reaches --target-acc. Printed last: `e2e
 (trained samples/s, this project without dynamic sampling / TRL: the same work per step),
 `e2e_throughput_synchronous_vs_trl[_demo]` (the same without generating ahead),
 `e2e_throughput_dynamic_sampling_vs_trl[_demo]` (the same with dynamic sampling), generated tokens/s and
-informative samples/s (with dynamic sampling), and `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
+informative samples/s (with dynamic sampling), `time_to_accuracy_vs_trl[_demo]` (this project / TRL;
 None when either side did not reach the target; when only this project did,
 `time_to_accuracy_vs_trl_upper_bound [_demo]`: its time over TRL's whole evaluated run, which the true ratio
-is below). `--repeats N` runs this project's accuracy run N times (runs that generate ahead differ by timing
-even at one seed; TRL's are deterministic here and run once): its time to accuracy is then the upper median
-over the runs, a run that missed the target counting as slower than any that reached it, and
-`time_to_accuracy_reached_runs[_demo]` is the share of runs that reached it.
+is below), and `startup_s_vs_trl[_demo]` (launch to ready to generate, this project / TRL: TRL's
+`on_train_begin`, this project's start-up record after its first weight sync; each side's median over its
+accuracy runs, evaluation excluded).
+
+Both sides run their accuracy run once per `--seeds` seed (the seed of the model's sampling, the prompt
+order and the trainer's initialisation; the problems stay the base's), and `--repeats N` runs this project's
+N times per seed (runs that generate ahead differ by timing even at one seed; TRL's repeat to the digit). A
+side's time to accuracy is the upper median over its runs, a run that missed the target counting as slower
+than any that reached it, and `time_to_accuracy_reached_runs[_demo]` / `..._trl[_demo]` are the shares of
+runs that reached it. The same-work runs and `--pairs` use the first seed.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -213,18 +221,21 @@ def ours(
     *,
     dynamic_sampling: bool = True,
     overlap: bool = False,
+    seed: int | None = None,
     run: int = 0,
 ) -> dict[str, Any]:
     """This project's run; without `dynamic_sampling` it trains every group, as TRL does (the same work per
     step: the throughput comparison), for `size.same_work_steps` steps without evaluation. `overlap`: the
-    next batch is generated while the policy trains (trainer.overlap_rollout). `run` numbers repeats."""
+    next batch is generated while the policy trains (trainer.overlap_rollout). `seed`: the job's (default:
+    the first of --seeds); `run` numbers repeats."""
+    seed = args.seeds[0] if seed is None else seed
     steps = size.steps if dynamic_sampling else size.same_work_steps
     overrides = [
         f"model.hf_dir={size.base}",
         *size.model,
         f"data.task={size.task}",
         f"data.task_seed={task_seed(size.base)}",
-        f"seed={args.seed}",
+        f"seed={seed}",
         f"trainer.total_steps={steps}",
         f"trainer.train_batch_size={size.prompts}",
         f"trainer.ppo_mini_batch_size={size.mini_batch}",
@@ -246,6 +257,7 @@ def ours(
     if args.quick or not dynamic_sampling:
         overrides += ["trainer.dynamic_sampling=false"]
     name = f"ours_{size.name}{'' if dynamic_sampling else '_same_work'}{'_overlap' if overlap else ''}"
+    name += f"_seed{seed}" if seed != args.seeds[0] else ""
     name += f"_run{run}" if run else ""
     records = train_run(overrides, scratch / name, timeout=args.timeout)
     trained = size.prompts * size.group
@@ -274,8 +286,11 @@ def ours(
     return summarise(steps, evals, startup, size)
 
 
-def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
-    out = scratch / f"trl_{size.name}.jsonl"
+def trl(size: Size, scratch: Path, args: argparse.Namespace, seed: int | None = None) -> dict[str, Any]:
+    """TRL's run at `seed` (default: the first of --seeds), evaluated every `size.eval_every` steps."""
+    seed = args.seeds[0] if seed is None else seed
+    name = f"trl_{size.name}" + (f"_seed{seed}" if seed != args.seeds[0] else "")
+    out = scratch / f"{name}.jsonl"
     command = [
         args.trl_python,
         str(REPO / "bench" / "trl_dapo_worker.py"),
@@ -292,9 +307,9 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
         f"--lr={size.lr}",
         f"--eval-every={size.eval_every}",
         f"--eval-problems={size.eval_problems}",
-        f"--seed={args.seed}",
+        f"--seed={seed}",
     ]
-    log = scratch / f"trl_{size.name}.log"
+    log = scratch / f"{name}.log"
     launched = time.time()
     with log.open("w") as f:
         code = subprocess.run(
@@ -309,7 +324,8 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"TRL run exited with {code}; end of its log:\n{tail(log)}")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     steps, evals = trl_progress(lines, launched)
-    return summarise(steps, evals, lines[0]["time"] - launched, size)
+    # The first record is stamped after the evaluation before training: start-up ends where that began.
+    return summarise(steps, evals, lines[0]["time"] - launched - lines[0]["eval_s"], size)
 
 
 def trl_progress(
@@ -370,7 +386,7 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Repeats of one side's accuracy run as one result. Time to accuracy is the upper median over runs, a run
     that never reached the target counting as later than any that did: None unless more than half of the runs
     reached it (of two, the slower). `reached_runs` is the share that reached it; the rates are medians over
-    every run's steps; the accuracies are the median run's."""
+    every run's steps; the accuracies are the median run's; the start-up is the median over runs."""
 
     def reached_in(run: dict[str, Any]) -> float:
         return math.inf if run["time_to_accuracy_s"] is None else run["time_to_accuracy_s"]
@@ -381,6 +397,7 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         **median_run,
         **rates(pooled),
         "steps": pooled,
+        "startup_seconds": statistics.median(r["startup_seconds"] for r in runs),
         "reached_runs": sum(math.isfinite(reached_in(r)) for r in runs) / len(runs),
         "runs": runs,
     }
@@ -430,7 +447,14 @@ def main() -> None:
     parser.add_argument(
         "--trl-python", default=os.environ.get("BENCH_TRL_PYTHON", "/tmp/benchvenv/bin/python")
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="each side's accuracy run, once per seed (time to accuracy: the median over them); the "
+        "same-work runs and --pairs use the first",
+    )
     parser.add_argument(
         "--trl-threads",
         type=int,
@@ -441,9 +465,9 @@ def main() -> None:
         "--repeats",
         type=int,
         default=1,
-        help="this project's accuracy run, this many times (same seed: generating ahead, which "
-        "groups a batch keeps depends on timing, so runs differ); time to accuracy is the upper "
-        "median over runs. TRL's run is deterministic here and runs once",
+        help="this project's accuracy run, this many times per seed (generating ahead, which groups a "
+        "batch keeps depends on timing, so runs of one seed differ); time to accuracy is the upper "
+        "median over runs. TRL's run is deterministic at a seed and runs once per seed",
     )
     parser.add_argument(
         "--same-work-steps",
@@ -515,23 +539,30 @@ def main() -> None:
             # for comparison.
             results[name] = {
                 "config": config,
-                "trl": trl(size, scratch, args),
+                "trl": over_runs([trl(size, scratch, args, seed) for seed in args.seeds]),
                 "ours": over_runs(
-                    [ours(size, scratch, args, overlap=True, run=i) for i in range(args.repeats)]
+                    [
+                        ours(size, scratch, args, overlap=True, seed=seed, run=i)
+                        for seed in args.seeds
+                        for i in range(args.repeats)
+                    ]
                 ),
                 "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
                 "ours_same_work_synchronous": ours(size, scratch, args, dynamic_sampling=False),
             }
             theirs, mine, same = results[name]["trl"], results[name]["ours"], results[name]["ours_same_work"]
             synchronous = results[name]["ours_same_work_synchronous"]
-            repeats = (
-                [(f"ours (run {i})", run) for i, run in enumerate(mine["runs"])] if args.repeats > 1 else []
-            )
-            median = f" (median run of {args.repeats})" if args.repeats > 1 else ""
+            several = len(mine["runs"]) > 1
+            runs = [
+                (f"{side} (run {i})", run)
+                for side, result in (("trl", theirs), ("ours", mine))
+                for i, run in enumerate(result["runs"])
+                if several
+            ]
             for side, r in (
-                ("trl", theirs),
-                (f"ours{median}", mine),
-                *repeats,
+                (f"trl (median run of {len(theirs['runs'])})" if several else "trl", theirs),
+                (f"ours (median run of {len(mine['runs'])})" if several else "ours", mine),
+                *runs,
                 ("ours without dynamic sampling", same),
                 ("ours without dynamic sampling, synchronous", synchronous),
             ):
@@ -565,6 +596,10 @@ def main() -> None:
                 mine["time_to_accuracy_s"], theirs["time_to_accuracy_s"]
             )
             summary[f"time_to_accuracy_reached_runs{size.suffix}"] = mine["reached_runs"]
+            summary[f"time_to_accuracy_reached_runs_trl{size.suffix}"] = theirs["reached_runs"]
+            summary[f"startup_s_vs_trl{size.suffix}"] = ratio(
+                mine["startup_seconds"], theirs["startup_seconds"]
+            )
             # TRL never reached the target but this project did: TRL's time is longer than its whole evaluated
             # run, so the ratio is below this bound (None stays None: a bound is not a measurement).
             if (

@@ -118,3 +118,8 @@ def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
         kv = [] if size.kv_tokens is None else [f"rollout.max_total_tokens={size.kv_tokens}"]
         job = C.load(["experiment=demo", *kv, f"rollout.max_response_length={size.max_new_tokens}"])
         assert job.rollout.kv_shortfall() is None, size.name
+
+
+def test_a_sides_start_up_is_the_median_over_its_runs() -> None:
+    runs = [run(10.0, [0.2, 0.3]) | {"startup_seconds": s} for s in (10.0, 30.0, 20.0)]
+    assert bench.over_runs(runs)["startup_seconds"] == 20.0

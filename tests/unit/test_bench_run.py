@@ -77,11 +77,11 @@ def test_verdicts_follow_the_targets_direction() -> None:
     assert run.verdict("logprob_time_vs_naive", 1.5).endswith("MISSED")
     assert run.verdict("e2e_throughput_vs_trl", 1.2).endswith("MISSED")
     assert run.verdict("e2e_throughput_vs_trl", None).endswith("not measured")
-    assert run.verdict("e2e_throughput_vs_trl_demo", 0.5) == ""
+    assert run.verdict("rollout_tokens_per_s_vs_stock", 0.5) == ""  # reported, no target
     assert run.verdict("logprob_time_vs_naive", 1.5, judge=False) == "<= 1.2"  # quick numbers are not judged
     # The peer never reached the accuracy: a bound below the target meets it, one above it measures nothing.
-    assert run.verdict("time_to_accuracy_vs_trl", None, upper_bound=0.5).startswith(
-        "<= 0.67: met (below 0.500"
+    assert run.verdict("time_to_accuracy_vs_trl", None, upper_bound=0.4).startswith(
+        "<= 0.5: met (below 0.400"
     )
     assert run.verdict("time_to_accuracy_vs_trl", None, upper_bound=0.9).endswith("not measured")
     assert run.verdict("e2e_throughput_vs_trl", None, upper_bound=0.5).endswith("not measured")
