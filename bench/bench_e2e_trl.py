@@ -404,10 +404,11 @@ def over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def throughput_pairs(size: Size, scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """`--pairs`: TRL and this project doing the same work (every group trained, generating ahead) for
-    `same_work_steps` rollout steps each, one right after the other, `args.pairs` times: each pair's ratio is
-    measured minutes apart, so the machine's drift over hours moves the pairs, not a ratio. No accuracy runs
-    (TRL evaluates 20 problems at its first and last step only, outside the timed steps)."""
+    """`--pairs`: TRL and this project doing the same work (every group trained) for `same_work_steps` rollout
+    steps each, one right after the other, `args.pairs` times: this project generating ahead (`ratio`) and
+    synchronously, on policy as TRL is (`synchronous_ratio`). Each pair's ratios are measured minutes apart,
+    so the machine's drift over hours moves the pairs, not a ratio. No accuracy runs (TRL evaluates 20
+    problems at its first and last step only, outside the timed steps)."""
     size = replace(size, trl_steps=size.same_work_steps, eval_every=size.same_work_steps, eval_problems=20)
     pairs = []
     for i in range(args.pairs):
@@ -415,18 +416,22 @@ def throughput_pairs(size: Size, scratch: Path, args: argparse.Namespace) -> lis
         folder.mkdir(parents=True, exist_ok=True)
         theirs = trl(size, folder, args)
         mine = ours(size, folder, args, dynamic_sampling=False, overlap=True)
+        synchronous = ours(size, folder, args, dynamic_sampling=False)
+        theirs_rate = theirs["trained_samples_per_s"]["median"]
         pairs.append(
             {
                 "trl": theirs,
                 "ours_same_work": mine,
-                "ratio": ratio(
-                    mine["trained_samples_per_s"]["median"], theirs["trained_samples_per_s"]["median"]
-                ),
+                "ours_same_work_synchronous": synchronous,
+                "ratio": ratio(mine["trained_samples_per_s"]["median"], theirs_rate),
+                "synchronous_ratio": ratio(synchronous["trained_samples_per_s"]["median"], theirs_rate),
             }
         )
         print(
             f"{size.name} pair {i}: TRL {describe('s/step', theirs['step_seconds'])}; ours "
-            f"{describe('s/step', mine['step_seconds'])}; e2e_throughput_vs_trl {fmt(pairs[-1]['ratio'])}",
+            f"{describe('s/step', mine['step_seconds'])}, synchronous "
+            f"{describe('s/step', synchronous['step_seconds'])}; e2e_throughput_vs_trl "
+            f"{fmt(pairs[-1]['ratio'])}, synchronous {fmt(pairs[-1]['synchronous_ratio'])}",
             flush=True,
         )
     return pairs
@@ -478,8 +483,9 @@ def main() -> None:
         "--pairs",
         type=int,
         default=0,
-        help="throughput only: this many TRL / this project same-work pairs, one right after the "
-        "other; no accuracy runs. e2e_throughput_vs_trl is then the lower median of the pairs' ratios",
+        help="throughput only: this many TRL / this project same-work pairs (generating ahead and "
+        "synchronously), one right after the other; no accuracy runs. e2e_throughput_vs_trl and "
+        "e2e_throughput_synchronous_vs_trl are then the lower medians of the pairs' ratios",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument(
@@ -528,11 +534,13 @@ def main() -> None:
             if args.pairs:
                 pairs = throughput_pairs(size, scratch, args)
                 results[name] = {"config": config, "pairs": pairs}
-                ratios = sorted(pair["ratio"] for pair in pairs)
-                summary[f"e2e_throughput_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
-                summary[f"e2e_throughput_vs_trl{size.suffix}"] = ratios[
-                    (len(ratios) - 1) // 2
-                ]  # lower median
+                for key, name in (
+                    ("ratio", "e2e_throughput"),
+                    ("synchronous_ratio", "e2e_throughput_synchronous"),
+                ):
+                    ratios = sorted(pair[key] for pair in pairs)
+                    summary[f"{name}_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
+                    summary[f"{name}_vs_trl{size.suffix}"] = ratios[(len(ratios) - 1) // 2]  # lower median
                 continue
             # TRL first, then ours; never both at once (two cores). Ours generates ahead
             # (trainer.overlap_rollout: the engine on one core, the trainer on the other), and once without,

@@ -92,22 +92,26 @@ def test_throughput_pairs_run_both_sides_on_the_same_steps_and_ratio_each_pair(
 
     def trl(size: Any, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
         calls.append(("trl", size, {}))
-        return run(40.0 - 10 * len(calls), [0.2, 0.2])  # 30 s per step in the first pair, 10 s in the second
+        first = sum(side == "trl" for side, _, _ in calls) == 1
+        return run(30.0 if first else 10.0, [0.2, 0.2])  # 30 s per step in the first pair, 10 s in the second
 
     def ours(size: Any, scratch: Path, args: argparse.Namespace, **how: Any) -> dict[str, Any]:
         calls.append(("ours", size, how))
-        return run(20.0, [0.2, 0.2])
+        return run(20.0 if how.get("overlap") else 25.0, [0.2, 0.2])
 
     monkeypatch.setattr(bench, "trl", trl)
     monkeypatch.setattr(bench, "ours", ours)
     pairs = bench.throughput_pairs(SIZE, tmp_path, argparse.Namespace(pairs=2))
-    assert [side for side, _, _ in calls] == ["trl", "ours", "trl", "ours"]
-    # Both sides run the same-work step count; this project without dynamic sampling, generating ahead.
+    assert [side for side, _, _ in calls] == ["trl", "ours", "ours", "trl", "ours", "ours"]
+    # Both sides run the same-work step count; this project without dynamic sampling, generating ahead and
+    # synchronously.
     assert all(size.trl_steps == size.same_work_steps == SIZE.same_work_steps for _, size, _ in calls)
-    assert all(
-        how == {"dynamic_sampling": False, "overlap": True} for side, _, how in calls if side == "ours"
-    )
+    assert [how for side, _, how in calls if side == "ours"] == 2 * [
+        {"dynamic_sampling": False, "overlap": True},
+        {"dynamic_sampling": False},
+    ]
     assert [pair["ratio"] for pair in pairs] == pytest.approx([30.0 / 20.0, 10.0 / 20.0])
+    assert [pair["synchronous_ratio"] for pair in pairs] == pytest.approx([30.0 / 25.0, 10.0 / 25.0])
     assert all((tmp_path / f"pair{i}").is_dir() for i in range(2))
 
 
