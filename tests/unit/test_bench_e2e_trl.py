@@ -15,7 +15,7 @@ from dapo_megatron import config as C
 from tests.conftest import REPO, load_bench_script
 
 bench = load_bench_script("bench_e2e_trl")
-SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3)
+SIZE = bench.replace(bench.SIZES["large"], target_acc=0.3, target_gain=None)
 
 
 def run(seconds_per_step: float, accuracies: list[float]) -> dict[str, Any]:
@@ -127,3 +127,16 @@ def test_every_sizes_engine_holds_its_requests_in_flight() -> None:
 def test_a_sides_start_up_is_the_median_over_its_runs() -> None:
     runs = [run(10.0, [0.2, 0.3]) | {"startup_seconds": s} for s in (10.0, 30.0, 20.0)]
     assert bench.over_runs(runs)["startup_seconds"] == 20.0
+
+
+def test_a_relative_target_is_the_runs_own_start_plus_the_gain() -> None:
+    """The large size's bar sits 0.08 above whatever its base scores, so a base that lands elsewhere is
+    asked the same gain."""
+    size = bench.SIZES["large"]
+    assert size.target_gain == 0.08
+    steps = [{"seconds": 10.0, "trained": 64, "generated": 64, "tokens": 6400, "informative": 64}] * 10
+    evals = [(0, 0.215, 10.0), (5, 0.29, 60.0), (10, 0.295, 110.0)]
+    result = bench.summarise(steps, evals, startup=10.0, size=size)
+    assert result["target_accuracy"] == 0.295 and result["reached_at_step"] == 10
+    weaker = bench.summarise(steps, [(0, 0.12, 10.0), (5, 0.2, 60.0), (10, 0.29, 110.0)], 10.0, size)
+    assert weaker["target_accuracy"] == 0.2 and weaker["reached_at_step"] == 5
