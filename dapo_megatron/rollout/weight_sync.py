@@ -147,6 +147,17 @@ def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
+def with_in_place(payload: dict[str, Any], in_place: list[tuple[str, torch.Tensor]]) -> Payload:
+    """`payload`, and with it the tensors set aside so far to be read where they lie (emptying `in_place`):
+    one request and one cache flush for both. With the usual bucket size every staged tensor fits one bucket,
+    which is then flattened after every tensor was set aside, so a sync is one request."""
+    if not in_place:
+        return payload
+    merged = [*named_views(payload), *in_place]
+    in_place.clear()
+    return merged
+
+
 def shared_buffer(nbytes: int) -> torch.Tensor:
     """A uint8 tensor allocated directly in shared memory (`share_memory_()` on a fresh tensor would allocate
     it twice and copy it, several times the cost of copying into a buffer reused across syncs)."""
@@ -286,7 +297,7 @@ class WeightSync:
             if rank == route.sender:
                 payload = flatten_bucket(bucket, self._staging_for(bucket_nbytes(bucket)))
                 self._relay(route, payload)
-                self._deliver_checked(route.direct, payload, version)
+                self._deliver_checked(route.direct, with_in_place(payload, in_place), version)
             elif receives:
                 received = self._relay(route, None)
                 if received is None:

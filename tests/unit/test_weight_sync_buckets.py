@@ -34,3 +34,13 @@ def test_building_a_bucket_leaves_sglang_out_of_the_trainer() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
     )
     assert proc.stdout.strip() == "[]"
+
+
+def test_tensors_read_in_place_ride_along_with_the_next_bucket_once() -> None:
+    from dapo_megatron.rollout.weight_sync import with_in_place
+
+    staged = flatten_bucket([("qkv", torch.ones(2))])
+    in_place = [("mlp", torch.zeros(3))]
+    merged = with_in_place(staged, in_place)
+    assert [name for name, _ in merged] == ["qkv", "mlp"] and in_place == []
+    assert with_in_place(staged, in_place) is staged  # nothing set aside since: the bucket as it was
