@@ -15,9 +15,10 @@ the pipeline works and mean nothing about performance. The output file holds at 
 the load average around it (the machine is shared: a high load marks a number to rerun).
 
 `--large` adds the ~30M-parameter size of e2e_trl, which carries the headline keys
-(`e2e_throughput_vs_trl`, `time_to_accuracy_vs_trl`). On the 2-core machine it takes far longer than the
-20 minutes the whole default suite is meant to fit in (bench/RESULTS.md gives each run's wall time), so the
-default run leaves it out and reports those keys as None; give it a longer `--timeout` (e.g. 14400).
+(`e2e_throughput_vs_trl`, `time_to_accuracy_vs_trl`). On the 2-core machine it takes hours, far longer than
+the ~35 minutes of the whole default suite (its longest part: e2e_trl's demo size, three seeds per side, ~20
+minutes; bench/RESULTS.md gives each run's wall time), so the default run leaves it out and reports those keys
+as None; give it a longer `--timeout` (e.g. 14400).
 """
 
 from __future__ import annotations
