@@ -1,4 +1,4 @@
-"""bench/bench_dynamic_sampling.py's leanest batch-synchronous baseline (the runs themselves are the benchmark)."""
+"""bench/bench_dynamic_sampling.py's leanest batch-synchronous baseline (the runs are the benchmark)."""
 
 from __future__ import annotations
 
