@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import logging
 import multiprocessing
 import os
 import sys
+import threading
 import types
 from typing import Any
 
@@ -123,12 +125,21 @@ class _ForkStart:
     declined."""
 
     def __init__(self) -> None:
-        self._fork = multiprocessing.get_context("fork")
+        self._fork, self._spawn = multiprocessing.get_context("fork"), multiprocessing.get_context("spawn")
 
     def set_start_method(self, method: str | None, force: bool = False) -> None:
         pass
 
     def __getattr__(self, name: str) -> Any:
+        # A fork copies only the calling thread: with another one running, the child could inherit a lock it
+        # held and wait on it forever. SGLang's launcher starts no thread before its workers; should a
+        # version do so, they spawn as SGLang meant (slower, and safe).
+        if name == "Process" and threading.active_count() > 1:
+            logging.getLogger(__name__).warning(
+                "a thread runs in the engine's launcher (%s): SGLang's workers spawn, which is slower",
+                ", ".join(thread.name for thread in threading.enumerate()),
+            )
+            return self._spawn.Process
         return getattr(self._fork, name)
 
 
@@ -138,7 +149,7 @@ def fork_workers() -> None:
     request. On a CPU nothing stands against `fork` (`spawn` is for CUDA, which cannot survive a fork): the
     children start from this process with all of that imported, and with the stand-ins and the attention
     backend already in place. The launcher has run no parallel torch op and started no thread by then, so a
-    forked child inherits no thread pool or lock in use."""
+    forked child inherits no thread pool or lock in use (with a thread running, `_ForkStart` spawns)."""
     from sglang.srt.entrypoints import engine
 
     engine.mp = _ForkStart()
