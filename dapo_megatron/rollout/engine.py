@@ -508,7 +508,10 @@ class SGLangEngine:
         for child in self._tree:
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        process.wait()  # reap the guard so it does not linger as a zombie
+        # Reap the guard so it does not linger as a zombie; bounded, so that a guard the kernel cannot take
+        # down at once leaves a zombie behind rather than a trainer that never exits.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=_TERM_GRACE_S)
         psutil.wait_procs(self._tree, timeout=_TERM_GRACE_S)
         self._tree, self._workers = [], []
         if self.tmpdir is not None:  # the guard's job, unless it was killed

@@ -27,7 +27,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.sglang
 
 TRAINER = textwrap.dedent("""
-    import sys, time
+    import faulthandler, signal, sys, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it not exit in time
     from pathlib import Path
     import torch
     from safetensors.torch import load_file
@@ -149,7 +150,12 @@ def test_killed_trainer_leaves_no_engine_behind(
         held = shm_files_of(marked_processes(marker))
         trainer.send_signal(signum)
         # Generous: stopping an engine mid-start on two loaded cores has taken over two minutes.
-        code = trainer.wait(timeout=300)
+        try:
+            code = trainer.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            trainer.send_signal(signal.SIGUSR1)  # its threads' stacks, on the captured stderr
+            time.sleep(2.0)
+            raise
         # The handler stops the engine first, then the signal takes its course (SIGINT: through a
         # KeyboardInterrupt, after which Python dies of SIGINT).
         assert code == -signum
