@@ -38,12 +38,16 @@ TRAINER = textwrap.dedent("""
     from dapo_megatron.rollout.weight_sync import flatten_bucket, named_views, post_all, push_bucket
     from tests.integration.conftest import engine_config
 
+    def idle(seconds):  # as a trainer waits: in short sleeps, between which Python runs signal handlers
+        for _ in range(int(seconds * 10)):
+            time.sleep(0.1)
+
     model_dir, log_file, phase = sys.argv[1:]
     cfg = engine_config(startup_timeout_s=600.0, request_timeout_s=600.0)
     engine = SGLangEngine(model_dir, cfg, log_file=log_file).launch()
     print("launched", flush=True)
     if phase == "startup":
-        time.sleep(600)
+        idle(600)
     engine.wait_until_ready()
     if phase == "generate":
         client = RolloutClient(engine.url, cfg)
@@ -60,7 +64,7 @@ TRAINER = textwrap.dedent("""
             push_bucket([engine.url], payload, version="v", engine_tp_size=1, timeout_s=600,
                         load_format=cpu_weight_loader.LOAD_FORMAT)
             post_all([engine.url], "/end_weight_update", {}, timeout_s=600)
-    time.sleep(600)
+    idle(600)
 """)
 
 MARKER_VARIABLE = "DAPO_TEST_ENGINE_CLEANUP"
