@@ -29,6 +29,9 @@ pytestmark = pytest.mark.sglang
 TRAINER = textwrap.dedent("""
     import faulthandler, signal, sys, time
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it not exit in time
+    # As started from a terminal: a job started in the background by a non-interactive shell inherits SIGINT
+    # ignored, and the engine's handlers rightly leave an ignored signal ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from pathlib import Path
     import torch
     from safetensors.torch import load_file
