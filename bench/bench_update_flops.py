@@ -42,9 +42,7 @@ PROMPT_TOKENS = 32
 def gemm_shapes(model: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
     """(m, k, n) of every weight matrix's GEMM over `tokens` tokens: forward (tokens x in -> out), the input
     gradient (tokens x out -> in) and the weight gradient (in x tokens -> out)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    query, key_value = model.num_attention_heads * model.head_dim, model.num_query_groups * model.head_dim
-    weights = [(h, query + 2 * key_value), (query, h), (h, 2 * f), (f, h), (h, model.vocab_size)]
+    weights = [*flops.layer_weights(model), (model.hidden_size, model.vocab_size)]
     shapes = set()
     for fan_in, fan_out in weights:
         shapes |= {(tokens, fan_in, fan_out), (tokens, fan_out, fan_in), (fan_in, tokens, fan_out)}

@@ -41,12 +41,18 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def matmul_parameters(model: ModelConfig) -> int:
-    """N of the formula above: the weights of every matmul one token passes through."""
+def layer_weights(model: ModelConfig) -> list[tuple[int, int]]:
+    """(fan-in, fan-out) of each matmul weight one layer applies to a token: the QKV projection, the attention
+    output projection, SwiGLU's gate and up projections (one fused matrix) and its down projection."""
     h, f = model.hidden_size, model.ffn_hidden_size
     query, key_value = model.num_attention_heads * model.head_dim, model.num_query_groups * model.head_dim
-    per_layer = h * (query + 2 * key_value) + query * h + 3 * h * f
-    return model.num_layers * per_layer + h * model.vocab_size
+    return [(h, query + 2 * key_value), (query, h), (h, 2 * f), (f, h)]
+
+
+def matmul_parameters(model: ModelConfig) -> int:
+    """N of the formula above: the weights of every matmul one token passes through."""
+    per_layer = sum(fan_in * fan_out for fan_in, fan_out in layer_weights(model))
+    return model.num_layers * per_layer + model.hidden_size * model.vocab_size
 
 
 def training_flops(model: ModelConfig, sequence_lengths: Sequence[int]) -> float:
