@@ -228,13 +228,20 @@ def _validate_low_precision(job: JobConfig) -> None:
 
 
 def _validate_old_log_prob_source(job: JobConfig) -> None:
-    """π_old taken from the engine is only as good as the engine's agreement with the trainer; batches
-    generated ahead (trainer.overlap_rollout) need it."""
-    if job.trainer.overlap_rollout and job.algo.old_log_prob_source != "rollout":
+    """π_old taken from the engine is only as good as the engine's agreement with the trainer. Batches
+    generated ahead (trainer.overlap_rollout) were sampled one update back: either π_old is that sampling
+    policy (the engine's log-probs), or it is recomputed by the current weights and decoupled PPO
+    (algo.lag_is_cap) weights each lagged token by how far the sampling policy was from them."""
+    if (
+        job.trainer.overlap_rollout
+        and job.algo.old_log_prob_source != "rollout"
+        and job.algo.lag_is_cap is None
+    ):
         raise ConfigError(
             "trainer.overlap_rollout=true trains each batch one step after the weights that sampled "
-            "it, so pi_old must be the sampling policy's log-probs, not a recomputation with the "
-            "current weights; set algo.old_log_prob_source=rollout or trainer.overlap_rollout=false"
+            "it; a pi_old recomputed by the current weights is then not the sampling policy, and "
+            "algo.lag_is_cap=null turns off the decoupled correction that accounts for it; set "
+            "algo.lag_is_cap (e.g. 2.0), algo.old_log_prob_source=rollout or trainer.overlap_rollout=false"
         )
     if job.algo.old_log_prob_source != "rollout":
         return

@@ -147,9 +147,12 @@ class TrainerConfig:
     overlap_rollout: bool = False
     """Generate the next batch while the policy trains on this one: the engine samples batch k+1 with the
     weights before update k, so every batch after the first is one step off-policy (verl's one-step
-    off-policy mode). π_old must then be the policy that sampled it (needs algo.old_log_prob_source=rollout),
-    and the engine needs devices of its own: on CPU it runs on other cores; colocated GPU engines hand
-    their memory to the trainer during the update, so it is refused there. A checkpoint keeps the batch
+    off-policy mode). π_old is then either the policy that sampled it (algo.old_log_prob_source=rollout) or
+    the current weights' recomputation with decoupled PPO's correction (old_log_prob_source=trainer and
+    algo.lag_is_cap: the trust region stays around the weights being updated, at the cost of a forward pass;
+    bench/RESULTS.md, 'Generating ahead and learning'). The engine needs devices of its own: on CPU it runs
+    on other cores; colocated GPU engines hand their memory to the trainer during the update, so it is
+    refused there. A checkpoint keeps the batch
     generated ahead, so a resumed run trains on it next."""
     offload_during_rollout: bool = False
     """Keep this rank's training state in host memory while the engine generates: its parameters, gradient

@@ -213,6 +213,34 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
         assert again[3][key] == records[3][key], key
 
 
+def test_a_batch_generated_ahead_with_a_recomputed_pi_old_gets_the_decoupled_correction(
+    demo_base: Path, tmp_path: Path
+) -> None:
+    """trainer.overlap_rollout with algo.old_log_prob_source=trainer: π_old is the current weights'
+    recomputation (π_prox), so every lagged token is weighted by π_prox / π_behav (algo.lag_is_cap), which
+    differs from 1 once an update has moved the policy; the first, on-policy batch has no lagged token."""
+    out = tmp_path / "run"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_megatron.train",
+            "experiment=demo",
+            f"model.hf_dir={demo_base}",
+            f"output_dir={out}",
+            "trainer.overlap_rollout=true",
+            "algo.old_log_prob_source=trainer",
+            "trainer.total_steps=2",
+            "eval.every=0",
+        ],
+        timeout=900,
+    )
+    records = step_records(out)
+    assert records[1].get("actor/lagged_tokens", 0.0) == 0.0
+    assert records[2]["policy_lag/min"] == 1 and records[2]["actor/lagged_tokens"] > 0
+    assert 1.0 < records[2]["actor/lag_is_weight_max"] <= 2.0  # algo.lag_is_cap's default
+
+
 @pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand between trainer and engine"
 )

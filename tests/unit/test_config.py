@@ -109,10 +109,10 @@ def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path: Path) -> None:
             "model.num_attention_heads \\(6\\) must be divisible",
         ),
         (
-            ["trainer.overlap_rollout=true"],
+            ["trainer.overlap_rollout=true", "algo.lag_is_cap=null"],
             1,
             "trainer.overlap_rollout=true trains each batch one step after .*; set "
-            "algo.old_log_prob_source=rollout or ",
+            "algo.lag_is_cap \\(e.g. 2.0\\), algo.old_log_prob_source=rollout or ",
         ),
         (
             ["algo.old_log_prob_source=rollout", "rollout.sync_check=off"],
@@ -149,6 +149,20 @@ def test_sequence_parallel_runs_on_local_layers() -> None:
         ["parallel=tp2", "parallel.sequence_parallel=true", "model.transformer_impl=local"], world_size=2
     )
     assert job.parallel.sequence_parallel and job.model.transformer_impl == "local"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["trainer.overlap_rollout=true", "algo.old_log_prob_source=rollout"],
+        ["trainer.overlap_rollout=true", "algo.old_log_prob_source=trainer", "algo.lag_is_cap=2.0"],
+    ],
+)
+def test_a_batch_generated_ahead_trains_on_pi_old_or_with_the_decoupled_correction(
+    overrides: list[str],
+) -> None:
+    job = C.load(overrides)
+    assert job.trainer.overlap_rollout
 
 
 def test_validation_happens_before_megatron_is_imported() -> None:
