@@ -152,8 +152,7 @@ class TrainerConfig:
     algo.lag_is_cap: the trust region stays around the weights being updated, at the cost of a forward pass;
     bench/RESULTS.md, 'Generating ahead and learning'). The engine needs devices of its own: on CPU it runs
     on other cores; colocated GPU engines hand their memory to the trainer during the update, so it is
-    refused there. A checkpoint keeps the batch
-    generated ahead, so a resumed run trains on it next."""
+    refused there. A checkpoint keeps the batch generated ahead, so a resumed run trains on it next."""
     offload_during_rollout: bool = False
     """Keep this rank's training state in host memory while the engine generates: its parameters, gradient
     buffers and optimizer state (fp32 main parameters, Adam's moments; with the distributed optimizer only
