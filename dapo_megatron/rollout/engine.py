@@ -337,6 +337,9 @@ class SGLangEngine:
             str(self.log_file),
             "--tmpdir",
             str(self.tmpdir),
+            # A CPU engine holds nothing its graceful shutdown would release (no device memory): a kill stops
+            # it in well under a second instead of 5-8 (bench/RESULTS.md, 'Engine stop').
+            *(["--stop-by-kill"] if self.device == "cpu" else []),
             "--",
             *server,
         ]
@@ -483,12 +486,13 @@ class SGLangEngine:
     def shutdown(self) -> None:
         """Stop the server and everything it spawned. Idempotent; safe when the server already died.
 
-        SIGTERM goes to the guard, which passes it to SGLang's launcher: that shuts down gracefully and
-        kills its children within about a second, whereas a scheduler that is signalled directly makes the
-        launcher wait seconds for crash diagnostics. The guard then kills what is left of the session and
-        removes the server's shared memory and temporary files. Should the guard not finish in time,
-        everything left is SIGKILLed here: the process group, then every process seen in the tree when the
-        server became healthy (in case one left the group).
+        SIGTERM goes to the guard. For a GPU engine it passes it to SGLang's launcher, which shuts down
+        gracefully (its watchdog notices within 5 s) and stops its children, whereas a scheduler that is
+        signalled directly makes the launcher wait seconds for crash diagnostics; a CPU engine, which holds
+        no device memory, is SIGKILLed at once (`--stop-by-kill`). The guard then kills what is left of the
+        session and removes the server's shared memory and temporary files. Should the guard not finish in
+        time, everything left is SIGKILLed here: the process group, then every process seen in the tree when
+        the server became healthy (in case one left the group).
         """
         process, self._process = self._process, None
         _LIVE_ENGINES.discard(self)
@@ -512,7 +516,7 @@ class SGLangEngine:
         # down at once leaves a zombie behind rather than a trainer that never exits.
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=_TERM_GRACE_S)
-        psutil.wait_procs(self._tree, timeout=_TERM_GRACE_S)
+        _wait_until_exited(self._tree, timeout=_TERM_GRACE_S)
         self._tree, self._workers = [], []
         if self.tmpdir is not None:  # the guard's job, unless it was killed
             shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -593,6 +597,14 @@ def _running_since(pid: int, started: float) -> bool:
         return _running(process) and process.create_time() == started
     except psutil.NoSuchProcess:
         return False
+
+
+def _wait_until_exited(processes: Sequence[psutil.Process], *, timeout: float) -> None:
+    """Until every one of `processes` has exited, a zombie included: its memory and files are released
+    already, and its reaping is up to whoever adopted it (init, which may take seconds to get to it)."""
+    deadline = time.monotonic() + timeout
+    while any(_running(process) for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _running(process: psutil.Process) -> bool:

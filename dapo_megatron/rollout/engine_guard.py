@@ -1,7 +1,8 @@
 """The process the trainer starts for an SGLang server: it keeps the server from outliving the trainer, and
 the server's API key out of command lines and logs.
 
-    python -m dapo_megatron.rollout.engine_guard --parent PID --log FILE --tmpdir DIR -- MODULE [ARGS...]
+    python -m dapo_megatron.rollout.engine_guard --parent PID --log FILE --tmpdir DIR [--stop-by-kill] \
+        -- MODULE [ARGS...]
 
 It leads a session of its own (the trainer starts it so) and runs `python -m MODULE ARGS` (SGLang's launcher,
 or `rollout/sglang_cpu.py`) in that session, with
@@ -15,7 +16,10 @@ It stops the server, then whatever is left in its session, when the trainer asks
 unless ignored), when the trainer is gone (its parent pid changes; polled, because `PR_SET_PDEATHSIG` follows
 the thread that started a process rather than the process), or when the server exits. SGLang's scheduler
 and detokenizer die with their launcher (they set a parent-death signal); what still lives after the
-launcher's grace period is SIGKILLed. Then it removes what the server's processes left in /dev/shm, and only
+launcher's grace period is SIGKILLed. With `--stop-by-kill` (CPU engines) there is no grace period: the
+whole session is SIGKILLed at once. SGLang's graceful stop notices SIGTERM on a 5-second poll and took 5-8 s
+on CPU, where it releases nothing that a kill would leave behind: what the server leaves in /dev/shm and
+TMPDIR is removed below either way. Then it removes what the server's processes left in /dev/shm, and only
 that: the `sglang_loads_*` slot files it saw them hold open, and torch's `torch_<pid>_*` segments of their
 pids (torch's shared-memory manager, which would remove those, dies in the same session). The server process
 itself dies at once should the guard be killed (`_die_with`).
@@ -135,8 +139,11 @@ def _cmdline(pid: int) -> bytes:
 
 
 class Guard:
-    def __init__(self, parent: int, log: Path, tmpdir: Path, server: list[str]) -> None:
+    def __init__(
+        self, parent: int, log: Path, tmpdir: Path, server: list[str], *, stop_by_kill: bool = False
+    ) -> None:
         self.parent, self.log, self.tmpdir, self.server = parent, log, tmpdir, server
+        self.stop_by_kill = stop_by_kill
         self.key = os.environ.pop(API_KEY_ENV, None) or None
         self.stop = threading.Event()
         self.pids_seen: set[int] = set()
@@ -248,7 +255,8 @@ class Guard:
 
     def _stop_server(self) -> int:
         assert self.child is not None
-        if self.child.poll() is None:
+        killed = self.stop_by_kill and self.child.poll() is None
+        if self.child.poll() is None and not killed:
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -262,6 +270,8 @@ class Guard:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
         code = self.child.wait()
+        if killed and code == -signal.SIGKILL:
+            return 0  # stopped as asked
         return 128 - code if code < 0 else code
 
     def _remove_leftovers(self) -> None:
@@ -312,9 +322,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parent", type=int, required=True, help="the trainer's pid")
     parser.add_argument("--log", type=Path, required=True, help="where the server's output goes")
     parser.add_argument("--tmpdir", type=Path, required=True, help="the server's TMPDIR, removed afterwards")
+    parser.add_argument(
+        "--stop-by-kill", action="store_true", help="stop the server with SIGKILL, not its graceful shutdown"
+    )
     parser.add_argument("server", nargs="+", help="MODULE [ARGS...] of the server, after --")
     args = parser.parse_args(argv)
-    return Guard(args.parent, args.log, args.tmpdir, args.server).run()
+    return Guard(args.parent, args.log, args.tmpdir, args.server, stop_by_kill=args.stop_by_kill).run()
 
 
 if __name__ == "__main__":

@@ -22,4 +22,3 @@ def test_the_late_accuracy_averages_the_last_evaluations_every_seed_reached() ->
     assert summary["late_steps"] == [5, 10]
     assert summary["late_accuracy"] == pytest.approx((0.3 + 0.4 + 0.5 + 0.6 + 0.4 + 0.8) / 6)
     assert summary["step_s"] == 2.0
-
