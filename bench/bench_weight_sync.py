@@ -11,8 +11,10 @@ engine's copy out of shared memory (`tensor`) or a gloo broadcast into the engin
 engine's load into its model, end session). One untimed sync per method comes first, as in training, where
 the one-off costs are paid at start-up: the distributed path opens its process group, the tensor path moves
 the parameters into shared memory once (from then on the engine reads all but the split q/k/v where they lie).
-The baseline copies the same number of bytes from one buffer to another in this process, in the same run.
-Prints medians and, per method, `<method>_sync_bytes_per_s_vs_memcpy`.
+The baseline copies the same number of bytes from one buffer to another in this process, right after each
+sync, so that both see the same state of a shared machine (its memory bandwidth drifts by a third from one
+minute to the next). Prints medians and, per method, `<method>_sync_bytes_per_s_vs_memcpy`: the median over
+repeats of each sync's rate over the copy's that followed it.
 """
 
 from __future__ import annotations
@@ -72,48 +74,47 @@ def main() -> None:
         layout = initialize(ParallelConfig(), seed=0)
         model = build_gpt_model(cfg, ParallelConfig(), layout)
         rollout = RolloutConfig(max_total_tokens=2048, startup_timeout_s=600)
+        source, target = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
+        target.copy_(source)  # fault the target's pages in before anything is timed
+
+        def memcpy_s() -> float:
+            started = time.perf_counter()
+            target.copy_(source)
+            return time.perf_counter() - started
+
         sync_s: dict[str, list[float]] = {}
+        copy_s: dict[str, list[float]] = {}
         with SGLangEngine(hf_dir, rollout, log_file=Path(scratch) / "engine.log") as engine:
             for method in args.methods:
                 sync = SYNC_METHODS[method]([engine.url], cfg, layout, bucket_bytes=args.bucket_mb * 2**20)
-                sync_s[method] = []
+                sync_s[method], copy_s[method] = [], []
                 sync.sync(model, f"{method}-warm-up")
                 for i in range(args.repeats):
                     started = time.perf_counter()
                     sync.sync(model, f"{method}-{i}")
                     sync_s[method].append(time.perf_counter() - started)
+                    copy_s[method].append(memcpy_s())
                 sync.close()
         shutdown()
 
-    source, target = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-    copy_s = []
-    for _ in range(max(args.repeats, 5)):
-        started = time.perf_counter()
-        target.copy_(source)
-        copy_s.append(time.perf_counter() - started)
-
-    copy_rate = nbytes / statistics.median(copy_s)
-    results: dict[str, object] = {
-        "model_parameters": cfg.num_parameters(),
-        "bytes": nbytes,
-        "memcpy_seconds": copy_s,
-        "memcpy_bytes_per_s": copy_rate,
-    }
+    results: dict[str, object] = {"model_parameters": cfg.num_parameters(), "bytes": nbytes}
     print(
         f"model {cfg.num_parameters() / 1e6:.0f}M parameters, {nbytes / 2**20:.0f} MiB fp32, buckets of "
         f"{args.bucket_mb} MiB"
     )
-    print(f"memcpy median {statistics.median(copy_s):.3f}s  {copy_rate / 2**30:.2f} GiB/s")
     for method, seconds in sync_s.items():
-        rate = nbytes / statistics.median(seconds)
+        copies = copy_s[method]
+        vs_memcpy = statistics.median(copy / sync for sync, copy in zip(seconds, copies, strict=True))
         results |= {
             f"{method}_sync_seconds": seconds,
-            f"{method}_sync_bytes_per_s": rate,
-            f"{method}_sync_bytes_per_s_vs_memcpy": rate / copy_rate,
+            f"{method}_memcpy_seconds": copies,
+            f"{method}_sync_bytes_per_s": nbytes / statistics.median(seconds),
+            f"{method}_sync_bytes_per_s_vs_memcpy": vs_memcpy,
         }
         print(
-            f"{method:<11} sync median {statistics.median(seconds):.2f}s  "
-            f"(runs: {', '.join(f'{s:.2f}' for s in seconds)})  {rate / 2**30:.2f} GiB/s"
+            f"{method:<11} sync median {statistics.median(seconds):.3f}s (runs: "
+            f"{', '.join(f'{s:.3f}' for s in seconds)}), memcpy after each median "
+            f"{statistics.median(copies):.3f}s ({nbytes / statistics.median(copies) / 2**30:.1f} GiB/s)"
         )
     for method in sync_s:
         print(f"{method}_sync_bytes_per_s_vs_memcpy {results[f'{method}_sync_bytes_per_s_vs_memcpy']:.3f}")
