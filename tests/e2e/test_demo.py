@@ -32,6 +32,19 @@ def run(args: list[str], timeout: float, *, warnings: str = "ignore") -> subproc
     return proc
 
 
+def demo_job(demo_base: Path, out: Path, *overrides: str) -> list[str]:
+    """The command of a one-process demo job from `demo_base` writing to `out`."""
+    return [
+        sys.executable,
+        "-m",
+        "dapo_megatron.train",
+        "experiment=demo",
+        f"model.hf_dir={demo_base}",
+        f"output_dir={out}",
+        *overrides,
+    ]
+
+
 def read_records(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
 
@@ -73,19 +86,15 @@ def test_dapo_demo_learns(demo_base: Path, tmp_path: Path) -> None:
     user_file = tmp_path / "user_reward.py"
     user_file.write_text(USER_REWARD)
     proc = run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_megatron.train",
-            "experiment=demo",
-            f"model.hf_dir={demo_base}",
-            f"output_dir={out}",
+        demo_job(
+            demo_base,
+            out,
             "trainer.total_steps=80",
             "eval.every=40",
             "trainer.save_every=40",
             f"reward.function_file={user_file}",
             "reward.function_name=graded_by_user",
-        ],
+        ),
         timeout=1800,
     )
     # Every trained sample and every held-out answer (200 problems at steps 0, 40, 80) went through the user's
@@ -213,6 +222,9 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
         assert again[3][key] == records[3][key], key
 
 
+TWO_STEPS_AHEAD = ("trainer.overlap_rollout=true", "trainer.total_steps=2", "eval.every=0")
+
+
 def test_a_batch_generated_ahead_with_a_recomputed_pi_old_gets_the_decoupled_correction(
     demo_base: Path, tmp_path: Path
 ) -> None:
@@ -220,21 +232,7 @@ def test_a_batch_generated_ahead_with_a_recomputed_pi_old_gets_the_decoupled_cor
     recomputation (π_prox), so every lagged token is weighted by π_prox / π_behav (algo.lag_is_cap), which
     differs from 1 once an update has moved the policy; the first, on-policy batch has no lagged token."""
     out = tmp_path / "run"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_megatron.train",
-            "experiment=demo",
-            f"model.hf_dir={demo_base}",
-            f"output_dir={out}",
-            "trainer.overlap_rollout=true",
-            "algo.old_log_prob_source=trainer",
-            "trainer.total_steps=2",
-            "eval.every=0",
-        ],
-        timeout=900,
-    )
+    run(demo_job(demo_base, out, *TWO_STEPS_AHEAD, "algo.old_log_prob_source=trainer"), timeout=900)
     records = step_records(out)
     assert records[1].get("actor/lagged_tokens", 0.0) == 0.0
     assert records[2]["policy_lag/min"] == 1 and records[2]["actor/lagged_tokens"] > 0
@@ -249,21 +247,7 @@ def test_the_engine_takes_the_trainers_cores_while_the_trainer_waits(demo_base: 
     rank's two cores while the trainer only waits for it (the first sync's check, the first batch) and on its
     own one beside the update (the batch ahead)."""
     out = tmp_path / "run"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_megatron.train",
-            "experiment=demo",
-            f"model.hf_dir={demo_base}",
-            f"output_dir={out}",
-            "trainer.overlap_rollout=true",
-            "rollout.cpu_idle_cores=true",
-            "trainer.total_steps=2",
-            "eval.every=0",
-        ],
-        timeout=900,
-    )
+    run(demo_job(demo_base, out, *TWO_STEPS_AHEAD, "rollout.cpu_idle_cores=true"), timeout=900)
     log = (out / "logs" / "sglang_engine.log").read_text().splitlines()
     changes = [line.split("] ")[-1] for line in log if "intra-op threads" in line]
     assert changes[:2] == [
