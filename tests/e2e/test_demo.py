@@ -179,18 +179,9 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
     it trains (the engine reports the version it sampled with), and the console shows the wait. A checkpoint
     keeps the batch generated ahead: resumed from step 2, the job trains on exactly the batch the
     uninterrupted job trained on at step 3, to the same loss."""
-    common = [
-        sys.executable,
-        "-m",
-        "dapo_megatron.train",
-        "experiment=demo",
-        f"model.hf_dir={demo_base}",
-        "trainer.overlap_rollout=true",
-        "trainer.total_steps=3",
-        "eval.every=0",
-    ]
+    common = ("trainer.overlap_rollout=true", "trainer.total_steps=3", "eval.every=0")
     out = tmp_path / "run"
-    proc = run([*common, f"output_dir={out}", "trainer.save_every=1"], timeout=900)
+    proc = run(demo_job(demo_base, out, *common, "trainer.save_every=1"), timeout=900)
     records = step_records(out)
     assert sorted(records) == [1, 2, 3] and " wait " in proc.stdout
     assert readme_tags()["timing_s/gen_wait"] == "`trainer.overlap_rollout`"
@@ -201,7 +192,7 @@ def test_overlapped_rollouts_are_one_step_off_policy_and_resume_with_the_batch_a
     assert records[3]["policy_lag/min"] == 1
     resumed = tmp_path / "resumed"
     proc = run(
-        [*common, f"output_dir={resumed}", f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"],
+        demo_job(demo_base, resumed, *common, f"trainer.resume={out / 'checkpoints' / 'iter_0000002'}"),
         timeout=900,
         warnings="default",
     )
