@@ -255,8 +255,9 @@ class Guard:
 
     def _stop_server(self) -> int:
         assert self.child is not None
-        killed = self.stop_by_kill and self.child.poll() is None
-        if self.child.poll() is None and not killed:
+        running = self.child.poll() is None
+        killed = running and self.stop_by_kill
+        if running and not killed:
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
