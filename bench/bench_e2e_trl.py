@@ -6,6 +6,7 @@ the same CPU, one after the other.
     python bench/bench_e2e_trl.py [--sizes demo large] [--seeds 0 1 2] [--steps N] [--quick] [--json PATH]
         [--trl-python PY]
     python bench/bench_e2e_trl.py --sizes large --pairs 3 [--same-work-steps N]    # throughput only
+    python bench/bench_e2e_trl.py --sizes large --seeds 0 1 2 --keep DIR --resume  # goes on where it stopped
 
 TRL lives in its own virtual environment, never in .venv (see requirements-bench.txt):
     python3.11 -m venv /tmp/benchvenv && /tmp/benchvenv/bin/pip install torch==2.13.0 \
@@ -62,7 +63,12 @@ order and the trainer's initialisation; the problems stay the base's), and `--re
 N times per seed (runs that generate ahead differ by timing even at one seed; TRL's repeat to the digit). A
 side's time to accuracy is the upper median over its runs, a run that missed the target counting as slower
 than any that reached it, and `time_to_accuracy_reached_runs[_demo]` / `..._trl[_demo]` are the shares of
-runs that reached it. The same-work runs and `--pairs` use the first seed.
+runs that reached it. The same-work runs and `--pairs` use the first seed. Seed by seed, TRL runs, then this
+project, so that each seed's two sides are minutes apart however long the whole call takes.
+
+Every finished run saves its result beside its logs (`NAME.result.json`, with the settings that produced it
+and the commit). The ~30M accuracy runs take about an hour per seed: `--keep DIR --resume` repeats a stopped
+call and reads back the runs it finished instead of running them again.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -83,6 +90,7 @@ from typing import Any
 from trainer_runs import (
     DEMO_BASE,
     REPO,
+    Record,
     bench_env,
     describe,
     ensure_base,
@@ -262,9 +270,21 @@ def ours(
     if args.quick or not dynamic_sampling:
         overrides += ["trainer.dynamic_sampling=false"]
     name = f"ours_{size.name}{'' if dynamic_sampling else '_same_work'}{'_overlap' if overlap else ''}"
-    name += f"_seed{seed}" if seed != args.seeds[0] else ""
-    name += f"_run{run}" if run else ""
-    records = train_run(overrides, scratch / name, timeout=args.timeout)
+    name += f"_seed{seed}" + (f"_run{run}" if run else "")
+    return run_once(
+        scratch / name,
+        overrides,
+        args,
+        lambda: our_summary(
+            train_run(overrides, scratch / name, timeout=args.timeout), size, dynamic_sampling, args
+        ),
+    )
+
+
+def our_summary(
+    records: list[Record], size: Size, dynamic_sampling: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    """A finished run's metrics records (`trainer_runs.train_run`) as its per-step work and evaluations."""
     trained = size.prompts * size.group
     steps, evals, eval_s = [], [], 0.0
     for record in records:
@@ -294,7 +314,7 @@ def ours(
 def trl(size: Size, scratch: Path, args: argparse.Namespace, seed: int | None = None) -> dict[str, Any]:
     """TRL's run at `seed` (default: the first of --seeds), evaluated every `size.eval_every` steps."""
     seed = args.seeds[0] if seed is None else seed
-    name = f"trl_{size.name}" + (f"_seed{seed}" if seed != args.seeds[0] else "")
+    name = f"trl_{size.name}_seed{seed}"
     out = scratch / f"{name}.jsonl"
     command = [
         args.trl_python,
@@ -314,7 +334,12 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace, seed: int | None = 
         f"--eval-problems={size.eval_problems}",
         f"--seed={seed}",
     ]
-    log = scratch / f"{name}.log"
+    return run_once(
+        scratch / name, command, args, lambda: trl_run(command, out, scratch / f"{name}.log", size, args)
+    )
+
+
+def trl_run(command: list[str], out: Path, log: Path, size: Size, args: argparse.Namespace) -> dict[str, Any]:
     launched = time.time()
     with log.open("w") as f:
         code = subprocess.run(
@@ -331,6 +356,32 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace, seed: int | None = 
     steps, evals = trl_progress(lines, launched)
     # The first record is stamped after the evaluation before training: start-up ends where that began.
     return summarise(steps, evals, lines[0]["time"] - launched - lines[0]["eval_s"], size)
+
+
+def run_once(
+    where: Path, spec: list[str], args: argparse.Namespace, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """`run()`'s result, saved beside the run (`where`.result.json) with the `spec` that produced it (the
+    trainer's overrides or TRL's command) and the commit. With `--resume`, a saved result of the same spec is
+    read back instead: a benchmark of hours stopped part-way goes on from its last finished run."""
+    saved = where.with_name(f"{where.name}.result.json")
+    if args.resume and saved.exists():
+        kept = json.loads(saved.read_text())
+        if kept["spec"] != spec:
+            raise SystemExit(
+                f"{saved} was run with other settings than this one's; remove it (or pass another --keep) to "
+                f"run it again. Saved: {kept['spec']}; now: {spec}"
+            )
+        print(f"{where.name}: the finished run in {saved} (commit {kept['commit']})", flush=True)
+        return kept["result"]
+    result = run()
+    saved.write_text(json.dumps({"spec": spec, "commit": commit(), "result": result}, indent=1))
+    return result
+
+
+def commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    return proc.stdout.strip() or "unknown"
 
 
 def trl_progress(
@@ -507,6 +558,12 @@ def main() -> None:
         action="store_true",
         help="smoke test: 2 tiny steps per side; the large base gets 2 warm-up steps only",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --keep: read back the runs a stopped call of the same command finished there, and run "
+        "only the rest",
+    )
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument(
         "--keep",
@@ -520,6 +577,8 @@ def main() -> None:
         )
     if args.pairs < 0:
         parser.error(f"--pairs must be at least 0 (0: the accuracy and throughput runs); got {args.pairs}")
+    if args.resume and args.keep is None:
+        parser.error("--resume reads the finished runs of an earlier call from --keep DIR: pass that --keep")
     if not Path(args.trl_python).exists():
         parser.error(f"no TRL environment at {args.trl_python}: create it as the docstring says (--help)")
 
@@ -557,19 +616,19 @@ def main() -> None:
                     summary[f"{name}_vs_trl_lowest_pair{size.suffix}"] = ratios[0]
                     summary[f"{name}_vs_trl{size.suffix}"] = ratios[(len(ratios) - 1) // 2]  # lower median
                 continue
-            # TRL first, then ours; never both at once (two cores). Ours generates ahead
-            # (trainer.overlap_rollout: the engine on one core, the trainer on the other), and once without,
-            # for comparison.
+            # Per seed TRL, then ours, so that one seed's two sides run minutes apart (the machine drifts
+            # over hours); never both at once (two cores). Ours generates ahead (trainer.overlap_rollout: the
+            # engine on one core, the trainer on the other), and once without, for comparison.
+            trl_runs, our_runs = [], []
+            for seed in args.seeds:
+                trl_runs.append(trl(size, scratch, args, seed))
+                our_runs += [
+                    ours(size, scratch, args, overlap=True, seed=seed, run=i) for i in range(args.repeats)
+                ]
             results[name] = {
                 "config": config,
-                "trl": over_runs([trl(size, scratch, args, seed) for seed in args.seeds]),
-                "ours": over_runs(
-                    [
-                        ours(size, scratch, args, overlap=True, seed=seed, run=i)
-                        for seed in args.seeds
-                        for i in range(args.repeats)
-                    ]
-                ),
+                "trl": over_runs(trl_runs),
+                "ours": over_runs(our_runs),
                 "ours_same_work": ours(size, scratch, args, dynamic_sampling=False, overlap=True),
                 "ours_same_work_synchronous": ours(size, scratch, args, dynamic_sampling=False),
             }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,11 +34,11 @@ class Record:
 
 
 def ensure_base(
-    base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 3600
+    base: Path, overrides: Sequence[str] = (), *, task: str = "addition", timeout: float = 4 * 3600
 ) -> Path:
     """Build the base policy for `task` with tools/make_demo_base.py unless `base` already holds one; refuse a
     base warmed up on another task (its summary says which; bases from before tasks existed are
-    `addition`)."""
+    `addition`). The default `timeout` has room for the ~30M base: one to two hours on two cores."""
     summary = base / "warmup_summary.json"
     if (base / "config.json").exists():
         built = warmed_up_on(json.loads(summary.read_text()))[0] if summary.exists() else task
@@ -87,8 +88,10 @@ def train_run(
     experiment: str = "demo",
 ) -> list[Record]:
     """One trainer job (`experiment=<experiment>` + overrides, output in `out_dir`); its metrics records in
-    order. Raises with the end of the job's log when it fails or times out."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    order. Raises with the end of the job's log when it fails or times out. `out_dir` starts empty: a run an
+    earlier call left there would refuse to start over its checkpoints, and its metrics read as this run's."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
     log_path, jsonl = out_dir / "train.log", out_dir / "tensorboard" / "metrics.jsonl"
     command = [
         sys.executable,

@@ -72,7 +72,11 @@ def test_rates_pool_every_runs_steps() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "message"),
-    [("--repeats=0", "--repeats must be at least 1"), ("--pairs=-1", "--pairs must be at least 0")],
+    [
+        ("--repeats=0", "--repeats must be at least 1"),
+        ("--pairs=-1", "--pairs must be at least 0"),
+        ("--resume", "--resume reads the finished runs of an earlier call from --keep DIR"),
+    ],
 )
 def test_bad_counts_are_refused_before_anything_runs(flag: str, message: str) -> None:
     proc = subprocess.run(
@@ -140,3 +144,49 @@ def test_a_relative_target_is_the_runs_own_start_plus_the_gain() -> None:
     assert result["target_accuracy"] == 0.295 and result["reached_at_step"] == 10
     weaker = bench.summarise(steps, [(0, 0.12, 10.0), (5, 0.2, 60.0), (10, 0.29, 110.0)], 10.0, size)
     assert weaker["target_accuracy"] == 0.2 and weaker["reached_at_step"] == 5
+
+
+def test_a_finished_run_is_saved_and_read_back_on_resume_only_with_the_same_settings(tmp_path: Path) -> None:
+    where, spec = tmp_path / "trl_large_seed0", ["python", "worker.py", "--steps=60"]
+    result = run(10.0, [0.2, 0.3])
+    first = bench.run_once(where, spec, argparse.Namespace(resume=False), lambda: result)
+    assert first == result and (tmp_path / "trl_large_seed0.result.json").exists()
+
+    def must_not_run() -> dict[str, Any]:
+        raise AssertionError("a finished run ran again")
+
+    again = bench.run_once(where, spec, argparse.Namespace(resume=True), must_not_run)
+    assert again["time_to_accuracy_s"] == result["time_to_accuracy_s"] == 60.0
+    assert again["eval_accuracy"] == [[0, 0.2], [5, 0.3]]  # JSON's lists for the tuples
+    with pytest.raises(SystemExit, match=r"trl_large_seed0\.result\.json was run with other settings"):
+        bench.run_once(where, [*spec[:-1], "--steps=20"], argparse.Namespace(resume=True), must_not_run)
+    # Without --resume a saved result is run again and replaced.
+    rerun = bench.run_once(where, spec, argparse.Namespace(resume=False), lambda: run(20.0, [0.2, 0.3]))
+    assert bench.run_once(where, spec, argparse.Namespace(resume=True), must_not_run) == bench.json.loads(
+        bench.json.dumps(rerun)
+    )
+
+
+def test_each_seeds_two_sides_run_one_after_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed by seed, so that a seed's TRL and this project's runs are minutes apart, not hours."""
+    calls: list[str] = []
+
+    def trl(size: Any, scratch: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+        calls.append(f"trl{seed}")
+        return run(30.0, [0.2, 0.3])
+
+    def ours(size: Any, scratch: Path, args: argparse.Namespace, **how: Any) -> dict[str, Any]:
+        calls.append("ours" + (f"{how['seed']}.{how['run']}" if "seed" in how else "_same_work"))
+        return run(10.0, [0.2, 0.3])
+
+    monkeypatch.setattr(bench, "trl", trl)
+    monkeypatch.setattr(bench, "ours", ours)
+    monkeypatch.setattr(bench, "ensure_base", lambda *a, **k: None)
+    argv = ["bench_e2e_trl.py", "--sizes", "large", "--seeds", "0", "1", "--repeats", "2"]
+    monkeypatch.setattr(sys, "argv", [*argv, f"--trl-python={sys.executable}", f"--keep={tmp_path}"])
+    bench.main()
+    assert calls == [
+        "trl0", "ours0.0", "ours0.1", "trl1", "ours1.0", "ours1.1", "ours_same_work", "ours_same_work"
+    ]  # fmt: skip
