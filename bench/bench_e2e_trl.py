@@ -334,8 +334,10 @@ def trl(size: Size, scratch: Path, args: argparse.Namespace, seed: int | None = 
         f"--eval-problems={size.eval_problems}",
         f"--seed={seed}",
     ]
+    # The saved run's settings are the worker's arguments: the interpreter and the checkout may move between
+    # the calls of a resumed benchmark.
     return run_once(
-        scratch / name, command, args, lambda: trl_run(command, out, scratch / f"{name}.log", size, args)
+        scratch / name, command[2:], args, lambda: trl_run(command, out, scratch / f"{name}.log", size, args)
     )
 
 
