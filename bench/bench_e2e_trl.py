@@ -377,7 +377,9 @@ def run_once(
         print(f"{where.name}: the finished run in {saved} (commit {kept['commit']})", flush=True)
         return kept["result"]
     result = run()
-    saved.write_text(json.dumps({"spec": spec, "commit": commit(), "result": result}, indent=1))
+    partial = saved.with_suffix(".partial")  # a call killed while writing leaves no half a result to resume
+    partial.write_text(json.dumps({"spec": spec, "commit": commit(), "result": result}, indent=1))
+    partial.replace(saved)
     return result
 
 

@@ -150,7 +150,7 @@ def test_a_finished_run_is_saved_and_read_back_on_resume_only_with_the_same_sett
     where, spec = tmp_path / "trl_large_seed0", ["python", "worker.py", "--steps=60"]
     result = run(10.0, [0.2, 0.3])
     first = bench.run_once(where, spec, argparse.Namespace(resume=False), lambda: result)
-    assert first == result and (tmp_path / "trl_large_seed0.result.json").exists()
+    assert first == result and [f.name for f in tmp_path.iterdir()] == ["trl_large_seed0.result.json"]
 
     def must_not_run() -> dict[str, Any]:
         raise AssertionError("a finished run ran again")
