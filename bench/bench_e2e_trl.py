@@ -103,6 +103,7 @@ from trainer_runs import (
 )
 
 from dapo_megatron.trainer.evaluate import eval_accuracy
+from dapo_megatron.trainer.startup import git_commit
 
 LARGE_MODEL = (
     "model.hidden_size=512",
@@ -378,14 +379,9 @@ def run_once(
         return kept["result"]
     result = run()
     partial = saved.with_suffix(".partial")  # a call killed while writing leaves no half a result to resume
-    partial.write_text(json.dumps({"spec": spec, "commit": commit(), "result": result}, indent=1))
+    partial.write_text(json.dumps({"spec": spec, "commit": git_commit(REPO), "result": result}, indent=1))
     partial.replace(saved)
     return result
-
-
-def commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return proc.stdout.strip() or "unknown"
 
 
 def trl_progress(
