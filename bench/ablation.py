@@ -91,7 +91,6 @@ def run_one(rung: str, seed: int, args: argparse.Namespace) -> Path:
         f"model.hf_dir={args.base}",
         f"seed={seed}",
         f"data.task_seed={task_seed(args.base)}",
-        "trainer.overwrite=true",
         *([f"trainer.total_steps={args.steps}"] if args.steps else []),
         *args.overrides,
     ]
