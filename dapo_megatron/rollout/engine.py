@@ -41,7 +41,13 @@ from typing import Any
 import psutil
 import requests
 
-from dapo_megatron.rollout import cpu_weight_loader, engine_auth, engine_guard, engine_threads
+from dapo_megatron.rollout import (
+    cpu_weight_loader,
+    engine_auth,
+    engine_guard,
+    engine_threads,
+    sglang_models,
+)
 from dapo_megatron.rollout.config import RolloutConfig
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -55,6 +61,7 @@ while the trainer only waits for it)."""
 _CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
 _TERM_GRACE_S = 2 * engine_guard.GRACE_S + 5.0  # the guard's grace for SGLang's launcher, then its SIGKILLs
 _REMOTE_HEALTH_TIMEOUT_S = 10.0
+_READY_POLL_S = 0.05  # between tries while a server starts: a refused connection costs microseconds
 
 
 _LAUNCHER_VARIABLES = frozenset(
@@ -262,6 +269,9 @@ class SGLangEngine:
             for k, v in os.environ.items()
             if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")
         }
+        # SGLang finds the model's class here first instead of importing all of its model modules
+        # (`rollout/sglang_models`); a package the user names wins.
+        env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", sglang_models.__name__)
         if self.device == "cpu":
             env.setdefault("OMP_NUM_THREADS", str(CPU_ENGINE_THREADS))
             if self.threads_file is not None:
@@ -367,14 +377,17 @@ class SGLangEngine:
                 raise self._error(
                     f"the SGLang engine did not become healthy within {self.cfg.startup_timeout_s:g} s"
                 )
-            if self._healthy(timeout=min(remaining, 30.0)):
+            if self._generates(timeout=min(remaining, 30.0)):
                 return
-            time.sleep(min(0.5, max(remaining, 0.0)))
+            time.sleep(min(_READY_POLL_S, max(remaining, 0.0)))
 
-    def _healthy(self, timeout: float) -> bool:
-        # /health_generate runs a one-token generation, so 200 means the scheduler really works.
+    def _generates(self, timeout: float) -> bool:
+        # A one-token greedy generation: 200 means the scheduler really works. Not /health_generate, which
+        # does the same but sleeps a whole second before it looks for the answer. The server listens only
+        # once its scheduler is up, so until then each try is a refused connection and costs nothing.
+        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
         try:
-            return self._session.get(f"{self.url}/health_generate", timeout=timeout).status_code == 200
+            return self._session.post(f"{self.url}/generate", json=body, timeout=timeout).status_code == 200
         except requests.RequestException:
             return False
 

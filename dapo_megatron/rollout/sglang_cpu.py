@@ -103,6 +103,10 @@ def install_stand_ins() -> None:
         sys.meta_path.insert(0, _StandInFinder({"torchvision": False, "sgl_kernel": True}))
     # SGLang's CPU code paths are gated on this variable (is_cpu() returns False without it).
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    # megatron-core shares the environment only because the trainer needs it. SGLang's debug dumper imports
+    # it whenever it is installed, to report Megatron's parallel state, which an engine never has: 0.6 s of
+    # one core before the server can start. None in sys.modules makes that import fail as if it were absent.
+    sys.modules.setdefault("megatron", None)
 
 
 def install() -> None:
