@@ -365,10 +365,14 @@ class WeightSync:
     def _host_staging(self, nbytes: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
         """One host buffer for every bucket of every sync, grown when a bucket does not fit. Each push has
         finished with it before returning, and allocating (for shared memory: re-faulting) a fresh buffer
-        per bucket would cost more than the copy into it."""
+        per bucket would cost more than the copy into it. Sized by the buckets themselves, not by
+        `bucket_bytes`: shared memory is committed when allocated (~0.2 s per GiB), and a small model's
+        one bucket would otherwise hold /dev/shm's `rollout.sync_bucket_mb` (512 MB by default, more than
+        a container's /dev/shm often has). A sync's buckets come in the same order every time, so it
+        grows during the first sync only."""
         if self._staging is None or self._staging.numel() < nbytes:
             self._staging = None  # drop the old one before allocating its successor
-            self._staging = allocate(max(nbytes, min(self.bucket_bytes, 2**30)))
+            self._staging = allocate(nbytes)
         return self._staging
 
     def _post_all(self, path: str, body: dict[str, Any]) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from dapo_megatron.rollout.weight_sync import bucket_nbytes, flatten_bucket, named_views
-from tests.conftest import REPO
+from tests.conftest import REPO, one_gloo_rank, tiny_policy
 
 
 def test_a_bucket_holds_every_tensor_once_and_gives_it_back_as_a_view() -> None:
@@ -44,3 +45,24 @@ def test_tensors_read_in_place_ride_along_with_the_next_bucket_once() -> None:
     merged = with_in_place(staged, in_place)
     assert [name for name, _ in merged] == ["qkv", "mlp"] and in_place == []
     assert with_in_place(staged, in_place) is staged  # nothing set aside since: the bucket as it was
+
+
+def test_the_cpu_staging_buffer_holds_the_buckets_not_the_bucket_limit(tmp_path: Path) -> None:
+    """Shared memory is committed when it is allocated: a staging buffer sized by the bucket limit would hold
+    `rollout.sync_bucket_mb` of /dev/shm (512 MB by default) for a model of a few hundred KB. A sync without
+    engines still flattens its buckets, so the buffer is measured without one."""
+    from dapo_megatron.rollout.weight_sync import TensorWeightSync
+
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    try:
+        with one_gloo_rank(tmp_path / "store") as layout:
+            model, cfg = tiny_policy(layout, vocab_size=128)
+            sync = TensorWeightSync([], cfg, layout, bucket_bytes=512 * 2**20)
+            sync.sync(model, "v1")
+            staging = sync._staging
+            model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            assert staging is not None and 0 < staging.numel() < model_bytes
+            sync.sync(model, "v2")
+            assert sync._staging is staging, "the next sync reuses the buffer"
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
