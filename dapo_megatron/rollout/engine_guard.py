@@ -14,15 +14,16 @@ or `rollout/sglang_cpu.py`) in that session, with
 
 It stops the server, then whatever is left in its session, when the trainer asks (SIGTERM, SIGINT, SIGHUP,
 unless ignored), when the trainer is gone (its parent pid changes; polled, because `PR_SET_PDEATHSIG` follows
-the thread that started a process rather than the process), or when the server exits. SGLang's scheduler
-and detokenizer die with their launcher (they set a parent-death signal); what still lives after the
-launcher's grace period is SIGKILLed. With `--stop-by-kill` (CPU engines) there is no grace period: the
-whole session is SIGKILLed at once. SGLang's graceful stop notices SIGTERM on a 5-second poll and took 5-8 s
-on CPU, where it releases nothing that a kill would leave behind: what the server leaves in /dev/shm and
-TMPDIR is removed below either way. Then it removes what the server's processes left in /dev/shm, and only
-that: the `sglang_loads_*` slot files it saw them hold open, and torch's `torch_<pid>_*` segments of their
-pids (torch's shared-memory manager, which would remove those, dies in the same session). The server process
-itself dies at once should the guard be killed (`_die_with`).
+the thread that started a process rather than the process), or when the server exits. SGLang's scheduler and
+detokenizer die with their launcher (they set a parent-death signal); what still lives after the launcher's
+grace period is SIGKILLed. With `--stop-by-kill` (CPU engines) there is no grace period: the whole session is
+SIGKILLed at once. SGLang's graceful stop notices SIGTERM on a 5-second poll and took 5-8 s on CPU, where it
+releases nothing that a kill would leave behind: what the server leaves in /dev/shm and TMPDIR is removed
+below either way. Then it removes what the server's processes left in /dev/shm: the `sglang_loads_*` slot
+files it saw them hold open, those that no process holds and that changed while it ran (a scan every 2 s
+misses the file of a server killed right after making it; whoever left one, nothing can use it), and torch's
+`torch_<pid>_*` segments of their pids (torch's shared-memory manager, which would remove those, dies in the
+same session). The server process itself dies at once should the guard be killed (`_die_with`).
 
 Should the trainer be killed (SIGKILL: no handler of its own runs), the guard also stops what the trainer
 started in its own session and would otherwise outlive it (megatron-core's checkpoint-writer manager,
@@ -114,15 +115,35 @@ def descendants(root: int, session: int, table: list[ProcStat]) -> list[ProcStat
 
 
 def slot_files_held(pid: int) -> set[str]:
-    """Names of SGLang's /dev/shm slot files that process `pid` holds open."""
-    names = set()
+    """Names of SGLang's /dev/shm slot files that process `pid` holds open or mapped."""
+    paths = []
     with contextlib.suppress(OSError):
         for fd in os.listdir(f"/proc/{pid}/fd"):
             with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(f"{_SHM}/{_SLOT_FILES}"):
-                    names.add(target[len(str(_SHM)) + 1 :])
-    return names
+                paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    with contextlib.suppress(OSError):
+        # address, perms, offset, dev, inode, then the path of a file mapping
+        paths += [line.split(maxsplit=5)[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()]
+    prefix = f"{_SHM}/{_SLOT_FILES}"
+    return {path[len(str(_SHM)) + 1 :] for path in paths if path.startswith(prefix)}
+
+
+def abandoned_slot_files(since: float) -> set[str]:
+    """This user's SGLang slot files changed since `since` (`time.time()`) that no living process holds: those
+    of an engine that died before a scan saw them held (their names are random, so nothing else ties them to
+    it). One no process holds is garbage whoever made it; one changed before `since` is left to whoever did.
+    Only this user's: another user's processes hide their open files (and /dev/shm lets only the owner remove
+    a file anyway)."""
+    held: set[str] = set()
+    for proc in living_processes():
+        held |= slot_files_held(proc.pid)
+    found = set()
+    for path in _SHM.glob(f"{_SLOT_FILES}*"):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            if path.name not in held and stat.st_uid == os.getuid() and stat.st_ctime >= since:
+                found.add(path.name)
+    return found
 
 
 def _still_alive(procs: Iterable[ProcStat]) -> list[ProcStat]:
@@ -144,6 +165,7 @@ class Guard:
     ) -> None:
         self.parent, self.log, self.tmpdir, self.server = parent, log, tmpdir, server
         self.stop_by_kill = stop_by_kill
+        self.started = time.time()
         self.key = os.environ.pop(API_KEY_ENV, None) or None
         self.stop = threading.Event()
         self.pids_seen: set[int] = set()
@@ -276,8 +298,9 @@ class Guard:
         return 128 - code if code < 0 else code
 
     def _remove_leftovers(self) -> None:
-        for name in self.slot_files:
-            (_SHM / name).unlink(missing_ok=True)
+        for name in self.slot_files | abandoned_slot_files(self.started):
+            with contextlib.suppress(OSError):
+                (_SHM / name).unlink(missing_ok=True)
         _remove_torch_segments(self.pids_seen)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
