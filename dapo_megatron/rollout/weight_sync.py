@@ -225,6 +225,10 @@ class WeightSync:
         if len(owners) != len(self.urls):
             raise ValueError(f"{len(self.urls)} engine URLs but {len(owners)} owner ranks")
         self.routes = self._plan_routes(owners)
+        self._open()
+
+    def _open(self) -> None:
+        """What the transport sets up once, at the end of construction (nothing by default)."""
 
     @property
     def is_sender(self) -> bool:
@@ -384,30 +388,11 @@ class TensorWeightSync(WeightSync):
 
     relays = True
 
-    def __init__(
-        self,
-        engine_urls: Sequence[str],
-        model_cfg: ModelConfig,
-        layout: ParallelLayout,
-        *,
-        bucket_bytes: int,
-        engine_tp_size: int = 1,
-        timeout_s: float = 600.0,
-        engine_owners: Sequence[int] | None = None,
-    ) -> None:
-        if layout.device.type == "cpu":
+    def _open(self) -> None:
+        if self.layout.device.type == "cpu":
             # The default strategy passes file descriptors, which only processes sharing our multiprocessing
             # authkey can receive; SGLang's scheduler fails to unpickle them and crashes.
             torch.multiprocessing.set_sharing_strategy("file_system")
-        super().__init__(
-            engine_urls,
-            model_cfg,
-            layout,
-            bucket_bytes=bucket_bytes,
-            engine_tp_size=engine_tp_size,
-            timeout_s=timeout_s,
-            engine_owners=engine_owners,
-        )
 
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
         if self.layout.device.type == "cpu":
@@ -457,34 +442,15 @@ class DistributedWeightSync(WeightSync):
     """`update_weights_from_distributed`: each sending rank (one per pipeline stage) broadcasts its buckets to
     every engine over its own `UpdateGroup`, opened here once and closed by `close()`."""
 
-    def __init__(
-        self,
-        engine_urls: Sequence[str],
-        model_cfg: ModelConfig,
-        layout: ParallelLayout,
-        *,
-        bucket_bytes: int,
-        engine_tp_size: int = 1,
-        timeout_s: float = 600.0,
-        engine_owners: Sequence[int] | None = None,
-    ) -> None:
-        super().__init__(
-            engine_urls,
-            model_cfg,
-            layout,
-            bucket_bytes=bucket_bytes,
-            engine_tp_size=engine_tp_size,
-            timeout_s=timeout_s,
-            engine_owners=engine_owners,
-        )
+    def _open(self) -> None:
         # SGLang broadcasts from group rank 0 only, so a group has exactly one trainer rank: one group per
         # stage, named apart because the engine holds them all at once.
-        self.group = (
+        self.group: UpdateGroup | None = (
             UpdateGroup(
                 self.urls,
-                name=f"dapo-weight-sync-pp{layout.pp_rank}",
-                engine_tp_size=engine_tp_size,
-                timeout_s=timeout_s,
+                name=f"dapo-weight-sync-pp{self.layout.pp_rank}",
+                engine_tp_size=self.engine_tp_size,
+                timeout_s=self.timeout_s,
             )
             if self.is_sender
             else None
