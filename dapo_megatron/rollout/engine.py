@@ -181,6 +181,7 @@ class SGLangEngine:
         """Every request but a health check needs it (`rollout/engine_auth.py`); registered at launch."""
         self.tmpdir: Path | None = None
         """The server's TMPDIR while it runs."""
+        self._launched_at = 0.0  # time.time() at launch
         self._session = requests.Session()
         self._session.auth = engine_auth.ENGINE_AUTH
 
@@ -318,6 +319,7 @@ class SGLangEngine:
             self.threads_file = Path(name)
             engine_threads.request_threads(self.threads_file, self.start_threads)
         self.tmpdir = Path(tempfile.mkdtemp(prefix=f"dapo-engine-{self.port}-"))
+        self._launched_at = time.time()
         engine_auth.register(self.url, self.api_key)
         with open(self.log_file, "ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
@@ -531,6 +533,8 @@ class SGLangEngine:
             process.wait(timeout=_TERM_GRACE_S)
         _wait_until_exited(self._tree, timeout=_TERM_GRACE_S)
         self._tree, self._workers = [], []
+        if process.returncode is None or process.returncode < 0:  # the guard was killed before its clean-up
+            engine_guard.remove_slot_files(engine_guard.abandoned_slot_files(self._launched_at))
         if self.tmpdir is not None:  # the guard's job, unless it was killed
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None

@@ -146,6 +146,13 @@ def abandoned_slot_files(since: float) -> set[str]:
     return found
 
 
+def remove_slot_files(names: Iterable[str]) -> None:
+    """Unlink these of SGLang's /dev/shm slot files, those that are still there."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            (_SHM / name).unlink(missing_ok=True)
+
+
 def _still_alive(procs: Iterable[ProcStat]) -> list[ProcStat]:
     """Those of `procs` still running: the same pid and start time (their parent is init by now)."""
     alive = {(proc.pid, proc.started) for proc in living_processes()}
@@ -298,9 +305,7 @@ class Guard:
         return 128 - code if code < 0 else code
 
     def _remove_leftovers(self) -> None:
-        for name in self.slot_files | abandoned_slot_files(self.started):
-            with contextlib.suppress(OSError):
-                (_SHM / name).unlink(missing_ok=True)
+        remove_slot_files(self.slot_files | abandoned_slot_files(self.started))
         _remove_torch_segments(self.pids_seen)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 

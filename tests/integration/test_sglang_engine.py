@@ -29,6 +29,7 @@ from dapo_megatron.rollout.engine import (
     raise_if_any_died,
     read_log_tail,
 )
+from dapo_megatron.rollout.engine_guard import slot_files_held
 from dapo_megatron.rollout.weight_sync import WeightSyncError, post_all
 from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
@@ -201,6 +202,8 @@ def test_only_holders_of_the_key_get_an_answer(engine: SGLangEngine) -> None:
 def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngine) -> None:
     tree = process_tree(engine.pid)
     assert len(tree) >= 3
+    slot_files = set().union(*(slot_files_held(p.pid) for p in tree))
+    assert slot_files, "SGLang's scheduler holds a /dev/shm slot file; the check below needs one"
     record = engine.record()  # how another rank knows this engine
     os.kill(engine.pid, signal.SIGKILL)  # the guard; the server and its workers die with it
     deadline = time.monotonic() + 10
@@ -223,6 +226,8 @@ def test_dead_engine_is_reported_with_its_log_and_cleaned_up(engine: SGLangEngin
     assert isinstance(info.value.__cause__, WeightSyncError) and str(engine.log_file) in str(info.value)
     engine.shutdown()
     assert [p.pid for p in tree if alive(p)] == []
+    # The guard died before its clean-up: the engine's own shutdown removes what the server left in /dev/shm.
+    assert [name for name in slot_files if (Path("/dev/shm") / name).exists()] == []
     engine.shutdown()  # idempotent; the fixture calls it once more
 
 
