@@ -111,3 +111,14 @@ def test_sglang_parses_the_commands_as_meant() -> None:
         [11, True, 2, 2, "bfloat16"],
         [11, False, 1, 0, "float32"],
     ]
+
+
+def test_engines_find_qwen2_in_the_projects_model_package_unless_the_user_names_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for device in ("cpu", "cuda"):
+        engine = SGLangEngine("m", RolloutConfig(), log_file="e.log", device=device)
+        assert engine._environment()["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "dapo_megatron.rollout.sglang_models"
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "my_models")
+    engine = SGLangEngine("m", RolloutConfig(), log_file="e.log")
+    assert engine._environment()["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "my_models"
