@@ -18,6 +18,7 @@ On GPU machines SGLang is imported and launched as usual; this module is for CPU
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import logging
@@ -109,9 +110,43 @@ def install_stand_ins() -> None:
     sys.modules.setdefault("megatron", None)
 
 
+def defer_compilation() -> None:
+    """SGLang decorates functions with `torch.compile` as its modules are imported, and each decoration
+    imports torch's compiler (~0.6 s of the engine's start on one core) for functions that a CPU engine
+    serving Qwen2 never calls (MoE and GPU kernels' helpers). From here on a function (or static method) is
+    handed to `torch.compile` at its first call instead, with the same arguments, so what runs is what ran
+    before; modules still compile at once. Idempotent."""
+    import torch
+
+    compile_now = torch.compile
+    if getattr(compile_now, "deferred", False):
+        return
+
+    def compile_at_first_call(model: Any = None, **options: Any) -> Any:
+        if model is None:  # used as `@torch.compile(...)`
+            return functools.partial(compile_at_first_call, **options)
+        if isinstance(model, torch.nn.Module):  # callers use the module that comes back as a module
+            return compile_now(model, **options)
+        compiled: Any = None
+
+        @functools.wraps(model)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal compiled
+            if compiled is None:
+                compiled = compile_now(model, **options)
+            return compiled(*args, **kwargs)
+
+        return call
+
+    compile_at_first_call.deferred = True  # type: ignore[attr-defined]
+    torch.compile = compile_at_first_call  # type: ignore[assignment]
+
+
 def install() -> None:
-    """Stand-ins, then the batched CPU attention (which imports SGLang, so it needs the stand-ins)."""
+    """Stand-ins, deferred compilation, then the batched CPU attention (which imports SGLang, so it needs
+    the stand-ins)."""
     install_stand_ins()
+    defer_compilation()
     attention = os.environ.get("DAPO_CPU_ATTENTION", "batched")
     if attention not in ("batched", "stock"):
         raise ValueError(f"DAPO_CPU_ATTENTION must be batched or stock; got {attention!r}")
