@@ -59,12 +59,19 @@ class RolloutSide:
             self._ahead = Future()
             self._ahead.set_result(shared["ahead"])
 
+    def start_rewards(self) -> None:
+        """The reward workers (driving rank), before the engines are ready: each imports its scorer modules
+        (seconds on a CPU), which would otherwise delay the first batch's scores."""
+        if self.rewards is None:
+            self.rewards = RewardPool(self.job.reward)
+
     def start(self, urls: list[str], on_error: Callable[[str], None]) -> None:
-        """The client for the engines at `urls`, the reward workers and the prompt streams (driving rank)."""
+        """The client for the engines at `urls`, the reward workers (unless `start_rewards` started them)
+        and the prompt streams (driving rank)."""
         job = self.job
         rollout = rollout_config(job)
         self.client = RolloutClient(urls, rollout, on_error=on_error)
-        self.rewards = RewardPool(job.reward)
+        self.start_rewards()
         train, self.eval_prompts = build_prompt_sources(job, self.tokenizer)
         if self._prompt_state is not None:
             train.load_state_dict(self._prompt_state)

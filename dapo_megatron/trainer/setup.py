@@ -94,12 +94,14 @@ class Session:
         for stage in stages if self.fleet.launches_before_policy else reversed(stages):
             stage()
         layout = self.layout
+        self.rollouts = RolloutSide(job, layout, self.tokenizer)
+        if layout.is_logging_rank:
+            self.rollouts.start_rewards()  # the workers import their scorers while the engines start
         started = time.perf_counter()
         self.fleet.connect(layout)
         self._phase("engine_wait", started, f"{len(self.fleet.records)} SGLang engine(s) ready")
 
         started = time.perf_counter()
-        self.rollouts = RolloutSide(job, layout, self.tokenizer)
         self.rollouts.restore(self.resumed)
         if layout.is_logging_rank:
             self.rollouts.start(self.fleet.urls, on_error=self.fleet.liveness_check())

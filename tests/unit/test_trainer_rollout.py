@@ -11,10 +11,12 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from types import SimpleNamespace
 
 import pytest
 
 from dapo_megatron import config as job_config
+from dapo_megatron.data import char_tokenizer
 from dapo_megatron.records import Prompt, Sample
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rewards.pool import RewardPool
@@ -22,6 +24,7 @@ from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.trainer.batch import policy_lag, sample_lags
 from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager, UnfilledBatchError
 from dapo_megatron.trainer.config import TrainerConfig
+from dapo_megatron.trainer.rollout_side import RolloutSide
 
 N = 4  # samples per prompt
 
@@ -252,3 +255,20 @@ def test_a_batch_dynamic_sampling_cannot_fill_stops_or_trains_as_configured(pool
     assert [group.key for group in groups] == ["3"] and metrics["dynamic_sampling/gen_rounds"] == 1.0
     with pytest.raises(UnfilledBatchError, match="0 of 4 informative groups"):
         manager(ScriptedEngine(4, none_informative), pool, on_unfilled_batch="train", **settings).collect()
+
+
+def test_reward_workers_started_before_the_engines_are_the_ones_that_score(tmp_path) -> None:
+    """The session starts the reward workers while the engines start (their scorer imports take seconds);
+    the rollout side then scores with those, not with a second pool."""
+    job = job_config.to_job_config(job_config.compose(["experiment=demo", f"output_dir={tmp_path}"]))
+    side = RolloutSide(job, SimpleNamespace(is_logging_rank=True), char_tokenizer.build())
+    try:
+        side.start_rewards()
+        started = side.rewards
+        assert started is not None
+        side.start(["http://127.0.0.1:9"], on_error=lambda url: None)  # the client connects on first use
+        assert side.rewards is started and side.manager is not None
+        assert side.manager.rewards is started
+        assert started.score([("Answer: 12", "12", "math_dapo")])[0].acc
+    finally:
+        side.close()
