@@ -24,6 +24,9 @@ tools/convert_hf_to_megatron.py output, needs its `.metadata`). Resolving a chec
 tracker, and when the tracker is unreadable or points to a checkpoint that fails verification, falls back to
 the newest checkpoint that verifies, saying what it skipped and why. Training state is read with
 `torch.load(weights_only=True)`, allowing only the few types this project stores.
+
+torch and megatron-core load inside the functions that read or write tensors: the paths, the tracker and the
+manifests are checked (`preflight.py`) before a CPU trainer imports torch (`train.py`).
 """
 
 from __future__ import annotations
@@ -41,12 +44,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.models.weights import unwrap_model
 
 if TYPE_CHECKING:
+    import torch
+
     from dapo_megatron.distributed.layout import ParallelLayout
 
 log = logging.getLogger(__name__)
@@ -265,8 +267,11 @@ def save_model(
     `training` state (optimizer and schedule in the same torch_dist checkpoint, each rank's RNG beside it)
     and rank 0's `shared_state` (step, data position, dynamic-sampling backlog). Once it is complete,
     older checkpoints are pruned per `keep_last` / `keep_every` (see `prune`; 0: keep all)."""
+    import torch
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from dapo_megatron.models.weights import unwrap_model
 
     final = step_dir(root, step)
     partial = final.with_name(final.name + ".partial")
@@ -348,6 +353,8 @@ def load_training_state(
     layout they were saved from (the first rank says when they do not). Returns the shared state."""
     from megatron.core import dist_checkpointing
 
+    from dapo_megatron.models.weights import unwrap_model
+
     directory = resolve(path)
     require_training_state(directory)
     rank_state, shared = read_training_files(directory, layout)
@@ -404,6 +411,7 @@ def _allowed_types(file: Path) -> list[Any]:
     are plain records, found by name; a name whose module is gone is looked up in `dapo_megatron.records`,
     where every record now lives, so checkpoints written before a record moved there still load."""
     import numpy as np
+    import torch
 
     numpy_core = getattr(np, "_core", None) or np.core  # renamed in numpy 2
     # The MT19937 key is a uint32 array: unpickling it needs the array, dtype and uint32 dtype classes.
@@ -423,6 +431,8 @@ def _allowed_types(file: Path) -> list[Any]:
 
 
 def _load_state(file: Path, *, mmap: bool = False) -> dict[str, Any]:
+    import torch
+
     try:
         with torch.serialization.safe_globals(_allowed_types(file)):
             return torch.load(file, weights_only=True, mmap=mmap)
@@ -437,6 +447,8 @@ def _layout_key(layout: ParallelLayout) -> dict[str, int]:
 def load_model(model: torch.nn.Module, path: Path | str) -> Path:
     """Collective: load this rank's shards (any saved layout) into `model`. Returns the directory read."""
     from megatron.core import dist_checkpointing
+
+    from dapo_megatron.models.weights import unwrap_model
 
     directory = resolve(path)
     inner = unwrap_model(model)

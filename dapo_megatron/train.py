@@ -16,24 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Nothing here imports torch (`test_train_imports_no_torch`): a CPU trainer launches its engine first.
 from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
-from dapo_megatron.distributed.layout import ParallelLayout
-from dapo_megatron.distributed.stop import StopRequest
 from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_duration, format_line
 from dapo_megatron.models.sequence_padding import job_sequence_multiple
-from dapo_megatron.records import PolicyRows, RankShare
 from dapo_megatron.trainer import startup
-from dapo_megatron.trainer.actor import Actor, combine_steps
-from dapo_megatron.trainer.batch import split_rows
-from dapo_megatron.trainer.evaluate import eval_accuracy
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.launch import ProcessEnv
+    from dapo_megatron.distributed.layout import ParallelLayout
+    from dapo_megatron.records import PolicyRows, RankShare
+    from dapo_megatron.rollout.fleet import EngineFleet
+    from dapo_megatron.trainer.actor import Actor
 
 IMPORTED_AT = time.perf_counter()
-"""Start-up is counted from here (torch already imported, ~1.5 s). Not from the process's start time: launch
-scripts `exec` the trainer from a shell that may have spent minutes on set-up first (tools/demo.sh)."""
+"""Start-up is counted from here (~0.2 s after the interpreter started; torch is imported later). Not from the
+process's start time: launch scripts `exec` the trainer from a shell that may have spent minutes on set-up
+first (tools/demo.sh)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         wants_help,
     )
     from dapo_megatron.distributed.launch import process_env
-    from dapo_megatron.distributed.layout import initialize, shutdown
     from dapo_megatron.distributed.run_tmpdir import use_run_tmpdir
-    from dapo_megatron.distributed.timeout import collective_timeout
 
     args = sys.argv[1:] if argv is None else argv
     if wants_help(args):
@@ -72,16 +70,41 @@ def main(argv: list[str] | None = None) -> int:
     except CONFIG_ERRORS as error:
         return report_config_error(error)
     use_run_tmpdir()  # before anything makes temporary files: none outlives the run, even a killed one
+    fleet = launch_engine_first(job, env)
     try:
-        # The process groups start inside the set-up: on CPU after the engine launched (`trainer/setup.py`).
-        train(
-            job,
-            env,
-            lambda: initialize(job.parallel, job.seed, timeout=collective_timeout(job, env.world_size)),
-        )
+        # torch loads from here on.
+        from dapo_megatron.distributed.layout import initialize, shutdown
+        from dapo_megatron.distributed.timeout import collective_timeout
+
+        try:
+            # The process groups start inside the set-up: on CPU after the policy's imports.
+            train(
+                job,
+                env,
+                lambda: initialize(job.parallel, job.seed, timeout=collective_timeout(job, env.world_size)),
+                fleet,
+            )
+        finally:
+            shutdown()
     finally:
-        shutdown()
+        if fleet is not None:
+            fleet.shutdown()
     return 0
+
+
+def launch_engine_first(job: JobConfig, env: ProcessEnv) -> EngineFleet | None:
+    """On CPU, the engine this process launches, started before the trainer imports torch: SGLang's start-up
+    (~6 s of one core) is the longest part of the trainer's, and torch's import (~1 s) then runs beside it.
+    None on GPUs, where the engine sizes its KV cache from the memory the policy leaves (the session launches
+    it then), and without `model.hf_dir` (the session says what is missing)."""
+    from dapo_megatron.distributed.launch import accelerator
+    from dapo_megatron.rollout.fleet import EngineFleet
+
+    if not job.model.hf_dir or accelerator() != "cpu":
+        return None
+    fleet = EngineFleet.of_process(job, env, "cpu")
+    fleet.launch()
+    return fleet
 
 
 def _dry_run_paths(problems: list[Any]) -> int:
@@ -92,9 +115,14 @@ def _dry_run_paths(problems: list[Any]) -> int:
     return 2 if any(not problem.missing for problem in problems) else 0
 
 
-def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable[[], ParallelLayout]) -> None:
-    """The DAPO loop. `env`, `initialize`: this process's place and how its process groups start
-    (`trainer.setup.Session`).
+def train(
+    job: JobConfig,
+    env: ProcessEnv | ParallelLayout,
+    initialize: Callable[[], ParallelLayout],
+    fleet: EngineFleet | None = None,
+) -> None:
+    """The DAPO loop. `env`, `initialize`, `fleet`: this process's place, how its process groups start and
+    its engines if launched already (`trainer.setup.Session`).
 
     A prompt's way to the loss, one owner per stage (the records it becomes: `records.py`):
         rollouts.collect            trainer/collect.py     generate (rollout/client.py), score, filter
@@ -106,6 +134,9 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
             -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy), summed
         fleet.sync_weights          rollout/fleet.py       the new weights into every engine, checked
     """
+    from dapo_megatron.distributed.stop import StopRequest
+    from dapo_megatron.trainer.batch import split_rows
+    from dapo_megatron.trainer.evaluate import eval_accuracy
     from dapo_megatron.trainer.setup import Session
 
     configure_console(logging_rank=env.rank == 0, level=job.trainer.log_level)
@@ -113,7 +144,7 @@ def train(job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable
     if env.rank == 0:
         startup.save_config(resolved, Path(job.output_dir))
     with (
-        Session(job, env, initialize) as session,
+        Session(job, env, initialize, fleet) as session,
         MetricsLogger(
             Path(job.output_dir) / "tensorboard",
             enabled=session.layout.is_logging_rank,
@@ -267,6 +298,8 @@ def update_policy(
     no old log-probs are needed, unless the batch was sampled by older weights (`off_policy`: generated
     ahead; or rows that lag, carried over), whose log-probs the engine gave. Against the trainer's π_old,
     the rows that lag get decoupled PPO's behaviour weight in the loss (`algo.lag_is_cap`)."""
+    from dapo_megatron.trainer.actor import combine_steps
+
     started, old_log_prob_seconds = time.perf_counter(), 0.0
     steps = len(share.micro_batch_sizes)
     off_policy = off_policy or share.rows.any_lagged

@@ -22,8 +22,6 @@ import logging
 import os
 from pathlib import Path
 
-import torch
-
 THREADS_FILE_ENV = "DAPO_ENGINE_THREADS_FILE"
 _WIDTH = 8  # bytes: the count, right-aligned; always written whole, in place, so a reader sees one count
 
@@ -52,12 +50,15 @@ def _parse(raw: bytes) -> int | None:
 
 class _Follower:
     def __init__(self, path: str) -> None:
+        import torch  # here, in the engine: the trainer imports this module before it imports torch
+
         self._fd = os.open(path, os.O_RDONLY)
+        self._get_threads, self._set_threads = torch.get_num_threads, torch.set_num_threads
 
     def __call__(self) -> None:
         threads = _parse(os.pread(self._fd, _WIDTH, 0))
-        if threads is not None and threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
+        if threads is not None and threads != self._get_threads():
+            self._set_threads(threads)
             logger.info("engine computes on %d intra-op threads", threads)
 
 

@@ -3,7 +3,9 @@
 Life cycle, in the order `trainer/setup.py` calls it: `launch` (this rank's engine, if it launches one; the
 only place a training job starts an engine) -> `connect` (collective: every engine ready, their records
 exchanged) -> `open_sync` (collective: the weight sync and its probe batch) -> per step `release_memory`
-and `sync_weights` (with the probe's check when due) -> `close_sync` -> `shutdown`.
+and `sync_weights` (with the probe's check when due) -> `close_sync` -> `shutdown`. On CPU `train.py` makes
+the fleet and launches its engine before it imports torch, so torch is imported only by the methods that use
+the process groups.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from dapo_megatron.config import JobConfig
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.placement import check_overlap, engine_placement
 
 if TYPE_CHECKING:
+    import torch
+
+    from dapo_megatron.distributed.launch import ProcessEnv
     from dapo_megatron.distributed.layout import ParallelLayout
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
@@ -101,6 +104,18 @@ class EngineFleet:
         self._released = False
         self._last_check = -1
 
+    @classmethod
+    def of_process(cls, job: JobConfig, env: ProcessEnv | ParallelLayout, device: str) -> EngineFleet:
+        """The fleet as this process (`env`: its place) sees it."""
+        return cls(
+            job,
+            rank=env.rank,
+            world_size=env.world_size,
+            local_rank=env.local_rank,
+            master_addr=env.master_addr,
+            device=device,
+        )
+
     @property
     def launches_before_policy(self) -> bool:
         """On CPU the engine starts before the policy is built, so SGLang's start-up (~20 s of imports in
@@ -122,7 +137,7 @@ class EngineFleet:
         from dapo_megatron.rollout.engine import SGLangEngine
 
         index = self.placement.owns(self.rank)
-        if index is None:
+        if index is None or self.engine is not None:  # no engine here, or launched already
             return
         job = self.job
         log_file = self.log_files[index]
@@ -139,6 +154,8 @@ class EngineFleet:
     def connect(self, layout: ParallelLayout) -> None:
         """Wait for this rank's engine, then exchange every engine's record, and with it its API key.
         Collective."""
+        import torch
+
         from dapo_megatron.rollout import engine_auth
 
         if self.engine is not None:
@@ -189,6 +206,8 @@ class EngineFleet:
 
     def release_memory(self) -> None:
         """The engine steps aside for the update (GPU). Collective."""
+        import torch
+
         if self._offloads and self.engine is not None:
             self.engine.release_memory()
             self._released = True
@@ -210,6 +229,8 @@ class EngineFleet:
         On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
         push and the trainer's side of the check, then the trainer's state leaves (`offload`), then the KV
         cache comes back, into that memory too, and the engines' side of the check runs on it."""
+        import torch
+
         from dapo_megatron.rollout.engine import raise_if_any_died
         from dapo_megatron.rollout.weight_sync import WeightSyncError
 

@@ -17,7 +17,7 @@ import torch
 
 from dapo_megatron.config import JobConfig
 from dapo_megatron.data.tokenizer import load_tokenizer
-from dapo_megatron.distributed.launch import ProcessEnv
+from dapo_megatron.distributed.launch import ProcessEnv, accelerator
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import console
 from dapo_megatron.rollout.fleet import EngineFleet
@@ -31,7 +31,8 @@ from dapo_megatron.trainer.sync_probe import PROBE_CONTINUATION, SyncProbe
 class Session:
     """Built on entry, in this order (each step may use what the ones before it made):
 
-    1. the engines' placement (`EngineFleet`; no process group yet);
+    1. the engines' placement (`EngineFleet`; no process group yet), unless the caller made it (and on CPU
+       launched its engine: `train.launch_engine_first`);
     2. this rank's engine launched and the policy built, in the order the device needs
        (`EngineFleet.launches_before_policy`): the tokenizer, the process groups (`initialize`), the model
        and optimizer, and their initial state (resume, `trainer.load` or the HF weights);
@@ -46,13 +47,18 @@ class Session:
     Args:
         env: this process's place (`distributed/launch.ProcessEnv`, or a `ParallelLayout` already made).
         initialize: makes the process groups (`distributed.layout.initialize`); called once, in step 2.
+        fleet: the job's engines as the caller made them, or None to make them here. Shut down on exit.
     """
 
     def __init__(
-        self, job: JobConfig, env: ProcessEnv | ParallelLayout, initialize: Callable[[], ParallelLayout]
+        self,
+        job: JobConfig,
+        env: ProcessEnv | ParallelLayout,
+        initialize: Callable[[], ParallelLayout],
+        fleet: EngineFleet | None = None,
     ) -> None:
         self.job, self.env, self._initialize = job, env, initialize
-        self.fleet: EngineFleet | None = None
+        self.fleet = fleet
         self.rollouts: RolloutSide | None = None
         self.timings: dict[str, float] = {}
         """Start-up phases in seconds, for the console and TensorBoard."""
@@ -78,14 +84,8 @@ class Session:
                 "initial weights unless trainer.load is set); the demo builds one with "
                 "tools/make_demo_base.py"
             )
-        self.fleet = EngineFleet(
-            job,
-            rank=env.rank,
-            world_size=env.world_size,
-            local_rank=env.local_rank,
-            master_addr=env.master_addr,
-            device="cuda" if torch.cuda.is_available() else "cpu",
-        )
+        if self.fleet is None:
+            self.fleet = EngineFleet.of_process(job, env, accelerator())
         for line in banner(
             job, world_size=env.world_size, device=self.fleet.device, engine_logs=self.fleet.log_files
         ):
