@@ -93,17 +93,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch_engine_first(job: JobConfig, env: ProcessEnv) -> EngineFleet | None:
-    """On CPU, the engine this process launches, started before the trainer imports torch: SGLang's start-up
-    (~6 s of one core) is the longest part of the trainer's, and torch's import (~1 s) then runs beside it.
-    None on GPUs, where the engine sizes its KV cache from the memory the policy leaves (the session launches
-    it then), and without `model.hf_dir` (the session says what is missing)."""
+    """The job's engines as this process sees them, its own engine launched already where that comes before
+    the policy (`EngineFleet.launches_before_policy`, CPU): there it starts before the trainer imports torch,
+    so that torch's import (~1 s) runs beside SGLang's start-up (~6.5 s of one core), the longest part of
+    the trainer's. None without `model.hf_dir` (the session says what is missing)."""
     from dapo_megatron.distributed.launch import accelerator
     from dapo_megatron.rollout.fleet import EngineFleet
 
-    if not job.model.hf_dir or accelerator() != "cpu":
+    if not job.model.hf_dir:
         return None
-    fleet = EngineFleet.of_process(job, env, "cpu")
-    fleet.launch()
+    fleet = EngineFleet.of_process(job, env, accelerator())
+    if fleet.launches_before_policy:
+        fleet.launch()
     return fleet
 
 

@@ -118,9 +118,10 @@ class EngineFleet:
 
     @property
     def launches_before_policy(self) -> bool:
-        """On CPU the engine starts before the policy is built, so SGLang's start-up (~20 s of imports in
-        three processes on two cores) overlaps with the trainer's. Not on GPUs: the engine sizes its KV cache
-        from the memory left free, which must already exclude the policy's."""
+        """On CPU the engine starts before the policy is built, so SGLang's start-up (~6.5 s of one core,
+        mostly imports) overlaps with the trainer's; `train.py` launches it before it imports torch. Not on
+        GPUs: the engine sizes its KV cache from the memory left free, which must already exclude the
+        policy's."""
         return self.device == "cpu"
 
     @property
