@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Nothing here imports torch (`test_train_imports_no_torch`): a CPU trainer launches its engine first.
+# Nothing here imports torch (tests/unit/test_engine_first.py): a CPU trainer launches its engine first.
 from dapo_megatron import config as job_config
 from dapo_megatron.config import JobConfig
 from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_duration, format_line

@@ -3,8 +3,8 @@
 Life cycle, in the order `trainer/setup.py` calls it: `launch` (this rank's engine, if it launches one; the
 only place a training job starts an engine) -> `connect` (collective: every engine ready, their records
 exchanged) -> `open_sync` (collective: the weight sync and its probe batch) -> per step `release_memory`
-and `sync_weights` (with the probe's check when due) -> `close_sync` -> `shutdown`. On CPU `train.py` makes
-the fleet and launches its engine before it imports torch, so torch is imported only by the methods that use
+and `sync_weights` (with the probe's check when due) -> `close_sync` -> `shutdown`. `train.py` makes the fleet
+and, on CPU, launches its engine before it imports torch, so torch is imported only by the methods that use
 the process groups.
 """
 
