@@ -271,8 +271,9 @@ def save_model(
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from dapo_megatron.models.weights import unwrap_model
+    from dapo_megatron.models.weights import finish_param_gather, unwrap_model
 
+    finish_param_gather(model)  # parallel.overlap_param_gather: else 1/DP of the update is saved
     final = step_dir(root, step)
     partial = final.with_name(final.name + ".partial")
     if layout.rank == 0:

@@ -28,6 +28,24 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def finish_param_gather(model: torch.nn.Module) -> None:
+    """Collective over data parallel: make every parameter hold the optimizer's latest values.
+
+    With `parallel.overlap_param_gather` the distributed optimizer updates only this rank's shard of each
+    parameter and leaves the all-gather of the rest to the forward pre-hooks of the next forward pass, so
+    between an optimizer step and that forward the parameters are 1/DP new and the rest one step old. Every
+    reader of the weights outside a forward pass (the weight sync, a checkpoint, an HF export) calls this
+    first. A no-op without the flag and when nothing is pending, so calling it twice costs nothing; it must
+    be called by every rank of the data-parallel group together, as those readers are."""
+    ddp_config = getattr(model, "ddp_config", None)
+    if ddp_config is None or not (ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather):
+        return
+    for group in (*model.bucket_groups, *model.expert_parallel_bucket_groups):
+        # Dispatches the bucket's all-gather if the step left it undispatched, then waits for it; without
+        # dispatching the next bucket, whose turn comes here anyway.
+        group.finish_param_sync(skip_next_bucket_dispatch=True)
+
+
 def _layer_offset(cfg: ModelConfig, layout: ParallelLayout) -> int:
     return hf_mapping.layer_range(cfg, layout.pp_size, layout.pp_rank).start
 
@@ -115,6 +133,7 @@ def gather_full_state(
 ) -> dict[str, torch.Tensor] | None:
     """The whole model's full tensors on global rank 0 (None elsewhere). For tools and tests:
     it holds everything in memory at once, which weight sync must not do."""
+    finish_param_gather(model)
     stage = {name: tensor.cpu().clone() for name, tensor in iter_full_tensors(model, cfg, layout, tensor_of)}
     if layout.pp_size == 1:
         return stage if layout.rank == 0 else None
@@ -151,6 +170,7 @@ def export_hf(
     """
     from dapo_megatron.models import hf_export, hf_io
 
+    finish_param_gather(model)
     dtype = next(unwrap_model(model).parameters()).dtype
     staging: list[Path | None] = [hf_export.make_staging(out_dir) if layout.rank == 0 else None]
     torch.distributed.broadcast_object_list(staging, src=0)

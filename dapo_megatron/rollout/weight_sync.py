@@ -42,7 +42,7 @@ import torch
 
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.models.weights import iter_full_tensors
+from dapo_megatron.models.weights import finish_param_gather, iter_full_tensors
 from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.engine import address_towards
 from dapo_megatron.rollout.engine_auth import ENGINE_AUTH
@@ -261,6 +261,7 @@ class WeightSync:
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
         """Collective over all ranks: after it returns, every engine serves `model`'s weights as `version`."""
         started = time.perf_counter()
+        finish_param_gather(model)  # else the engines get 1/DP of the update (parallel.overlap_param_gather)
         if self.layout.rank == 0:
             self._post_all("/begin_weight_update", {})
         torch.distributed.barrier()
