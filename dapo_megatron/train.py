@@ -188,8 +188,12 @@ def train(
             started = time.perf_counter()
             # Phase lines at DEBUG: where a hung or killed job was (bench/faults.py aims at them too).
             console.debug("step %d: generate", step)
-            groups, rollout_metrics = rollouts.collect()  # driving rank only
-            rows, batch_metrics = rollouts.training_batch(groups, step)  # rewards, advantages
+            groups, rollout_metrics = rollouts.collect(stop.seen_here)  # driving rank only
+            batch = rollouts.training_batch(groups, step)  # rewards, advantages
+            if batch is None:  # a stop request cut the generation short: step - 1 is the one to keep
+                step -= 1
+                break
+            rows, batch_metrics = batch
             if ahead and step < job.trainer.total_steps:
                 # The next batch, sampled by the weights before this update.
                 rollouts.generate_ahead(session.threads)
@@ -205,6 +209,16 @@ def train(
                 actor_perf(job, rows, train_metrics["timing_s/update_actor"], layout.world_size, peak_tflops)
             )
             wait_seconds = rollouts.wait_for_ahead(session.threads)  # no weights enter mid-generation
+            # Checkpoints and exports come while the engine's memory is released (GPU): after the sync the
+            # engine holds its KV cache again, and the trainer's state would have to come back beside it.
+            last = step == job.trainer.total_steps
+            if (job.trainer.save_every and step % job.trainer.save_every == 0) or last or stop.requested():
+                console.debug("step %d: checkpoint", step)
+                session.save(step)
+                console.debug("step %d: checkpoint written", step)
+                saved = step
+            if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
+                policy.export_hf(step)
             console.debug("step %d: weight sync", step)
             # The training state leaves mid-sync: the engine generates in the memory it leaves.
             sync = fleet.sync_weights(policy.actor, rollouts.client, step, offload=policy.offload_state)
@@ -221,9 +235,11 @@ def train(
             if ahead:
                 step_metrics["timing_s/gen_wait"] = wait_seconds
             if job.eval.every and step % job.eval.every == 0:
-                evaluation = rollouts.evaluate()
+                evaluation = rollouts.evaluate(stop.seen_here)
                 step_metrics.update(evaluation)
-                last_eval = (step, eval_accuracy(evaluation) or 0.0)
+                accuracy = eval_accuracy(evaluation)
+                if accuracy is not None:  # None: a stop request cut it short
+                    last_eval = (step, accuracy)
             step_metrics["timing_s/step"] = time.perf_counter() - started
             # verl's throughput: tokens (prompts and responses) per second and device.
             step_metrics["perf/throughput"] = batch_metrics["perf/total_num_tokens"] / (
@@ -238,14 +254,8 @@ def train(
                     last_eval=last_eval,
                 )
                 console.info(console_line(step, job.trainer.total_steps, step_metrics, progress))
-            if (job.trainer.save_every and step % job.trainer.save_every == 0) or stop.requested():
-                console.debug("step %d: checkpoint", step)
-                session.save(step)
-                console.debug("step %d: checkpoint written", step)
-                saved = step
-            if job.trainer.hf_export_every and step % job.trainer.hf_export_every == 0:
-                policy.export_hf(step)
-        if saved != step:
+        if saved != step:  # stopped while generating the step after the last checkpoint
+            fleet.release_memory()
             session.save(step)
         console.info("done at step %d; checkpoints and logs in %s", step, job.output_dir)
 

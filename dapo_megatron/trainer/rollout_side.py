@@ -9,8 +9,10 @@ starts it; elsewhere `collect` returns nothing and `training_batch` receives the
 from __future__ import annotations
 
 import contextlib
+import copy
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -23,13 +25,36 @@ from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.fleet import rollout_config
 from dapo_megatron.trainer.batch import build_rows, policy_lag
-from dapo_megatron.trainer.collect import RolloutManager
+from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager
 from dapo_megatron.trainer.cpu_threads import TrainerThreads
 from dapo_megatron.trainer.evaluate import evaluate
 from dapo_megatron.trainer.prompts import build_prompt_sources
 
 Batch = tuple[list[ScoredGroup], dict[str, float]]
 """A training batch's groups and its rollout metrics."""
+
+STOP_POLL_S = 1.0
+"""How often a generation looks for a stop request: against a time-limit lead of minutes, a second is free."""
+
+
+@contextlib.contextmanager
+def _watch(condition: Callable[[], bool], action: Callable[[], None]) -> Iterator[None]:
+    """Call `action` once, from a thread, as soon as `condition` holds while the block runs."""
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(STOP_POLL_S):
+            if condition():
+                action()
+                return
+
+    watcher = threading.Thread(target=poll, name="stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 class RolloutSide:
@@ -47,6 +72,8 @@ class RolloutSide:
         self._ahead: Future[Batch] | None = None
         """The next batch, generated during the current update (trainer.overlap_rollout)."""
         self._ahead_worker: ThreadPoolExecutor | None = None
+        self._interrupted: dict[str, Any] | None = None
+        """What a checkpoint keeps after a stop request interrupted a `collect`: the state it began from."""
 
     def restore(self, shared: dict[str, Any] | None) -> None:
         """Take the prompt stream's position, the backlog and the batch generated ahead from a checkpoint's
@@ -95,23 +122,38 @@ class RolloutSide:
 
     # ------------------------------------------------------------------ what the loop calls
 
-    def collect(self) -> Batch | tuple[None, dict[str, float]]:
+    def collect(self, stop_seen: Callable[[], bool] = lambda: False) -> Batch | tuple[None, dict[str, float]]:
         """The next batch's groups and rollout metrics (driving rank; None elsewhere): the batch generated
-        ahead during the last update if there is one, else generated now."""
+        ahead during the last update if there is one, else generated now.
+
+        A generation of many rounds can outlast the time-limit signal's lead, so while it runs `stop_seen`
+        (this process's view of a stop request) is polled: once it holds, the requests in flight are
+        aborted and the groups come back as None. The prompt stream and the backlog are then what they were
+        when this step began (`state_dict`), so the checkpoint of the previous step resumes with this one's
+        prompts and none is lost."""
         if not self.layout.is_logging_rank:
             return None, {}
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
             return ahead.result()
-        return self.manager.collect()
+        step_start = copy.deepcopy(self.state_dict())
+        with _watch(stop_seen, self.manager.cancel):
+            try:
+                return self.manager.collect()
+            except CollectCancelled:
+                if not stop_seen():
+                    raise
+        self._interrupted = step_start
+        return None, {}
 
     def training_batch(
         self, groups: list[ScoredGroup] | None, step: int
-    ) -> tuple[PolicyRows, dict[str, float]]:
+    ) -> tuple[PolicyRows, dict[str, float]] | None:
         """Rewards, advantages and token tensors built on the driving rank, handed to every rank, for rollout
-        step `step` (which trains the weights pushed after step - 1). Collective."""
+        step `step` (which trains the weights pushed after step - 1). Collective. None on every rank when a
+        stop request interrupted the driving rank's `collect`."""
         objects: list[Any] = [None]
-        if self.layout.is_logging_rank:
+        if self.layout.is_logging_rank and groups is not None:
             rows, metrics = build_rows(
                 groups,
                 self.job.algo,
@@ -142,26 +184,32 @@ class RolloutSide:
         threads.engine_idle()
         return time.perf_counter() - started
 
-    def evaluate(self) -> dict[str, float]:
-        """`trainer/evaluate.py` on the evaluation problems (driving rank; empty elsewhere)."""
+    def evaluate(self, stop_seen: Callable[[], bool] = lambda: False) -> dict[str, float]:
+        """`trainer/evaluate.py` on the evaluation problems (driving rank; empty elsewhere). A stop request
+        (`stop_seen`, polled as in `collect`) aborts it, and then it reports nothing: its aborted samples
+        would count as wrong."""
         if not self.layout.is_logging_rank:
             return {}
         job = self.job
-        return evaluate(
-            self.client,
-            self.eval_prompts,
-            self.rewards,
-            job.eval,
-            decode=self.decode,
-            max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
-            stop_token_ids=self.stop_token_ids,
-        )
+        with _watch(stop_seen, self.client.abort_all):
+            metrics = evaluate(
+                self.client,
+                self.eval_prompts,
+                self.rewards,
+                job.eval,
+                decode=self.decode,
+                max_new_tokens=job.eval.max_response_length or job.rollout.max_response_length,
+                stop_token_ids=self.stop_token_ids,
+            )
+        return {} if stop_seen() else metrics
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps (driving rank; None elsewhere): the prompt stream's position, the backlog
         and the batch generated ahead (waited for)."""
         if not self.layout.is_logging_rank:
             return None
+        if self._interrupted is not None:
+            return self._interrupted
         return {
             "prompts": self.manager.prompts.state_dict(),
             "backlog": self.manager.backlog,

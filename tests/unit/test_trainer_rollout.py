@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from types import SimpleNamespace
@@ -272,3 +274,74 @@ def test_reward_workers_started_before_the_engines_are_the_ones_that_score(tmp_p
         assert started.score([("Answer: 12", "12", "math_dapo")])[0].acc
     finally:
         side.close()
+
+
+class CountingPrompts:
+    """Prompts 0, 1, 2, ... with the resumable position of a real prompt source."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self) -> Iterator[Prompt]:
+        return self
+
+    def __next__(self) -> Prompt:
+        self.position += 1
+        number = self.position - 1
+        return Prompt(uid=str(number), ids=[number], ground_truth="1", data_source="toy")
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def rollout_side(engine: ScriptedEngine, pool: RewardPool, state: dict | None = None) -> RolloutSide:
+    side = RolloutSide(
+        job_config.to_job_config(job_config.compose(["experiment=demo"])),
+        SimpleNamespace(is_logging_rank=True),
+        char_tokenizer.build(),
+    )
+    side.manager = manager(engine, pool, dynamic_sampling_mode="batch_sync")
+    side.manager.prompts = CountingPrompts()
+    if state is not None:
+        side.manager.prompts.load_state_dict(state["prompts"])
+        side.manager.backlog = state["backlog"]
+    return side
+
+
+def test_a_stop_request_aborts_the_generation_and_keeps_the_step_start(
+    pool: RewardPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time-limit stop between generation rounds: a stop request seen while a step generates aborts the
+    requests in flight and the step returns no groups; what a checkpoint then keeps is the prompt stream as
+    that step began, so the resumed job trains exactly the batch the stopped step would have trained."""
+    from dapo_megatron.trainer import rollout_side as module
+
+    monkeypatch.setattr(module, "STOP_POLL_S", 0.01)
+    stop = threading.Event()
+
+    def slow(number: int) -> tuple[float, list[bool]]:
+        time.sleep(0.005)  # real time passes while a group generates: the watcher polls meanwhile
+        if number == 14:
+            stop.set()
+        return slow_and_mixed(number)
+
+    uninterrupted = rollout_side(ScriptedEngine(2, slow_and_mixed), pool)
+    expected = [[int(g.key) for g in uninterrupted.collect()[0]] for _ in range(2)]
+
+    engine = ScriptedEngine(2, slow)
+    side = rollout_side(engine, pool)
+    first, _ = side.collect(stop.is_set)
+    assert [int(g.key) for g in first] == expected[0] and not stop.is_set()
+    after_first = side.state_dict()
+    assert side.collect(stop.is_set) == (None, {})
+    assert engine.aborting  # the requests in flight were aborted
+    assert (
+        side.state_dict() == after_first
+        and side.manager.prompts.position > after_first["prompts"]["position"]
+    )
+
+    resumed = rollout_side(ScriptedEngine(2, slow_and_mixed), pool, state=side.state_dict())
+    assert [int(g.key) for g in resumed.collect()[0]] == expected[1]
