@@ -410,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
             "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a "
-            "GPU node with a CUDA build of torch, e.g. inside NVIDIA's PyTorch container (README, "
-            "'Clusters'), or pass --allow-cpu to run the stages on the CPU.",
+            "GPU node with a CUDA build of torch, e.g. inside the project's cluster image "
+            "(slurm/Dockerfile), or pass --allow-cpu to run the stages on the CPU.",
             file=sys.stderr,
         )
         return 2

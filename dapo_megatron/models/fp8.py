@@ -202,7 +202,7 @@ def check_environment(fp8: Fp8Config, env: Fp8Environment, *, transformer_impl: 
     if env.te_version is None:
         raise RuntimeError(
             "model.fp8.enabled=true needs Transformer Engine, which is not installed. Run inside "
-            f"NVIDIA's PyTorch container (README, 'Clusters') {off}."
+            f"the project's cluster image (slurm/Dockerfile) {off}."
         )
     needed_te = MIN_TE_VERSION[fp8.recipe]
     if env.te_version < needed_te:

@@ -17,6 +17,7 @@ import torch
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.fused_kernels import fused_kernel_flags
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -51,7 +52,7 @@ def resolve_transformer_impl(model: ModelConfig, fp8_env: fp8.Fp8Environment | N
         if not te_installed:
             raise RuntimeError(
                 "model.transformer_impl=transformer_engine but Transformer Engine is not installed. "
-                "Run inside NVIDIA's PyTorch container (see README, 'Clusters'), or set "
+                "Run inside the project's cluster image (slurm/Dockerfile), or set "
                 "model.transformer_impl=local."
             )
     return model.transformer_impl
@@ -99,13 +100,7 @@ def transformer_config(
         # optimizer batch whatever the DP size and micro-batch split (see trainer/forward.py).
         calculate_per_token_loss=True,
         use_cpu_initialization=not torch.cuda.is_available(),
-        # The fused kernels come from Transformer Engine / apex / CUDA; off on the local path.
-        gradient_accumulation_fusion=on_gpu_with_te,
-        bias_activation_fusion=on_gpu_with_te,
-        bias_dropout_fusion=on_gpu_with_te,
-        masked_softmax_fusion=on_gpu_with_te,
-        apply_rope_fusion=on_gpu_with_te,
-        persist_layer_norm=on_gpu_with_te,
+        **fused_kernel_flags(on_gpu_with_te),
         **parallel.recompute_kwargs(),
         **fp8.transformer_config_kwargs(model.fp8),
     )

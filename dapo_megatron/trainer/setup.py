@@ -20,6 +20,8 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.distributed.launch import ProcessEnv, accelerator
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import console
+from dapo_megatron.models.fused_kernels import describe
+from dapo_megatron.models.qwen2 import resolve_transformer_impl
 from dapo_megatron.rollout.fleet import EngineFleet
 from dapo_megatron.trainer.cpu_threads import TrainerThreads
 from dapo_megatron.trainer.policy import Policy
@@ -86,8 +88,14 @@ class Session:
             )
         if self.fleet is None:
             self.fleet = EngineFleet.of_process(job, env, accelerator())
+        transformer_engine = resolve_transformer_impl(job.model) == "transformer_engine"
+        layers = "Transformer Engine" if transformer_engine else "local"
         for line in banner(
-            job, world_size=env.world_size, device=self.fleet.device, engine_logs=self.fleet.log_files
+            job,
+            world_size=env.world_size,
+            device=self.fleet.device,
+            engine_logs=self.fleet.log_files,
+            kernels=f"{layers}; {describe(transformer_engine)}",
         ):
             console.info(line)
         stages = (self.fleet.launch, self._build_policy)

@@ -43,8 +43,11 @@ def git_commit(repo: Path = REPO) -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def banner(job: JobConfig, *, world_size: int, device: str, engine_logs: list[Path]) -> list[str]:
-    """The lines a job opens with: software, layout, outputs."""
+def banner(
+    job: JobConfig, *, world_size: int, device: str, engine_logs: list[Path], kernels: str
+) -> list[str]:
+    """The lines a job opens with: software, layout, the policy's layers and fused kernels (`kernels`),
+    outputs."""
     parallel = job.parallel
     model_parallel = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
     software = ", ".join(f"{name} {version}" for name, version in versions().items())
@@ -56,6 +59,7 @@ def banner(job: JobConfig, *, world_size: int, device: str, engine_logs: list[Pa
         f"{world_size // model_parallel} x tp {parallel.tensor_model_parallel_size} x pp "
         f"{parallel.pipeline_model_parallel_size}, {len(engine_logs)} SGLang engine(s), "
         f"{job.trainer.total_steps} steps",
+        f"policy layers: {kernels}",
         f"outputs in {out}: config.yaml, metrics {out / 'tensorboard'} ({', '.join(job.trainer.loggers)}), "
         f"checkpoints {out / 'checkpoints'}, engine log {logs}",
     ]
