@@ -13,6 +13,8 @@ the CPU tests use it without torch or TE. The environment checks take their inpu
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +166,21 @@ class Fp8Environment:
     cuda_available: bool
     device_name: str | None = None
     compute_capability: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def compute_off(config: Any) -> Iterator[None]:
+    """The policy's forward passes in its weights' dtype for the duration: megatron-core reads
+    `TransformerConfig.fp8` at each forward (`get_fp8_context`), so with it cleared the TE layers run no FP8
+    GEMM. For the weight-sync check: the engine holds the bf16 weights the trainer sent, and an FP8 forward
+    differs from them by FP8's rounding, which would hide a missing weight under a tolerance loose enough for
+    it, or fail a bf16 tolerance with every weight in place."""
+    saved = config.fp8
+    config.fp8 = None
+    try:
+        yield
+    finally:
+        config.fp8 = saved
 
 
 def detect_environment() -> Fp8Environment:

@@ -36,20 +36,23 @@ def importable(module: str) -> bool:
 
 
 def fused_kernel_flags(
-    transformer_engine: bool, is_importable: Callable[[str], bool] = importable
+    transformer_engine: bool, is_importable: Callable[[str], bool] | None = None
 ) -> dict[str, bool]:
     """TransformerConfig's fused-kernel fields. All off on megatron-core's local (torch) layers, which the
-    CPU path and laptops use; with Transformer Engine layers each one whose modules import."""
+    CPU path and laptops use; with Transformer Engine layers each one whose modules import
+    (`is_importable`, default `importable`)."""
+    is_importable = is_importable or importable
     return {
         field: transformer_engine and all(is_importable(module) for module in modules)
         for field, modules in FUSED_KERNELS.items()
     }
 
 
-def describe(transformer_engine: bool, is_importable: Callable[[str], bool] = importable) -> str:
+def describe(transformer_engine: bool, is_importable: Callable[[str], bool] | None = None) -> str:
     """One line for the job's banner: the fused kernels on, and for each one off the module it lacks."""
     if not transformer_engine:
         return "fused kernels: off (megatron-core's local layers)"
+    is_importable = is_importable or importable
     flags = fused_kernel_flags(transformer_engine, is_importable)
     on = [field for field, enabled in flags.items() if enabled]
     off = [

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dapo_megatron.models import fp8
+from dapo_megatron.models.weights import unwrap_model
 from dapo_megatron.records import PolicyRows, Prompt
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.weight_sync import check_sync
@@ -75,8 +77,10 @@ class SyncProbe:
 
     def trainer_log_probs(self, actor: Actor, *, micro_batch_size: int) -> torch.Tensor:
         """The trainer's log-probs [n, L - 1] of the probe rows (at temperature 1: SGLang scores given
-        tokens untempered). Collective: every rank takes part in the forward pass."""
-        return actor.compute_log_probs(self.rows, micro_batch_size, temperature=1.0)
+        tokens untempered), computed in the weights' dtype as the engine computes, FP8 training or not
+        (`fp8.compute_off`). Collective: every rank takes part in the forward pass."""
+        with fp8.compute_off(unwrap_model(actor.model).config):
+            return actor.compute_log_probs(self.rows, micro_batch_size, temperature=1.0)
 
     def compare(
         self, trainer: torch.Tensor, client: RolloutClient | None, *, version: str, tolerance: float

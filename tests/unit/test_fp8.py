@@ -78,9 +78,12 @@ def test_the_builder_passes_fp8_fields_and_te_fusions(monkeypatch: pytest.Monkey
     # TE's fused kernels cannot be configured without TE, so record the kwargs instead of building.
     import megatron.core.transformer
 
+    from dapo_megatron.models import fused_kernels
     from dapo_megatron.models.qwen2 import transformer_config
 
     monkeypatch.setattr(megatron.core.transformer, "TransformerConfig", dict)
+    # The cluster image with apex built in: every fused kernel's module imports.
+    monkeypatch.setattr(fused_kernels, "importable", lambda module: True)
     kwargs = transformer_config(ModelConfig(fp8=ON), ParallelConfig(), fp8_env=H100)
     assert {k: kwargs[k] for k in ("fp8", "fp8_recipe", "fp8_param")} == {
         "fp8": "hybrid",
@@ -263,3 +266,29 @@ def test_fp8_micro_batches_are_padded_and_cut_back(one_rank_megatron: object) ->
     assert seen == [7, 5, 16, 16]
     for before, after in zip(plain, padded, strict=True):
         torch.testing.assert_close(after["logits"], before["logits"], rtol=0, atol=1e-6)
+
+
+def test_the_sync_check_scores_the_probe_in_the_weights_dtype(tmp_path: Path) -> None:
+    """The engine holds the bf16 weights the trainer sent; an FP8 forward would differ from them by FP8's
+    rounding. The probe's trainer side runs with `TransformerConfig.fp8` cleared (megatron-core reads it at
+    each forward), and the training forward passes keep it."""
+    from dapo_megatron.algo.config import AlgoConfig
+    from dapo_megatron.models.weights import unwrap_model
+    from dapo_megatron.trainer.actor import Actor
+    from dapo_megatron.trainer.sync_probe import SyncProbe
+    from tests.conftest import tiny_policy
+
+    with one_gloo_rank(tmp_path / "store") as layout:
+        model, cfg = tiny_policy(layout, vocab_size=64)
+        config = unwrap_model(model).config
+        config.fp8 = (
+            "hybrid"  # as model.fp8.enabled sets it (TE's layers are GPU-only; the flag is what counts)
+        )
+        actor = Actor(model, None, None, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
+        seen = []
+        compute = actor.compute_log_probs
+        actor.compute_log_probs = lambda *args, **kwargs: seen.append(config.fp8) or compute(*args, **kwargs)
+        probe = SyncProbe([[1, 2, 3], [4, 5]], [6, 7], pad_token_id=0)
+        log_probs = probe.trainer_log_probs(actor, micro_batch_size=2)
+        assert seen == [None] and config.fp8 == "hybrid"
+        assert log_probs.shape == probe.rows.response_mask.shape and bool((log_probs <= 0).all())
