@@ -227,12 +227,16 @@ def load_hf_weights(
     *,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> int:
-    """Initialise this rank's shard from a Hugging Face safetensors checkpoint; returns the bytes read.
+    """Collective over data parallel: initialise this rank's shard from a Hugging Face safetensors checkpoint;
+    returns the bytes this rank read.
 
-    Each rank reads only what it holds: its pipeline stage's layers and, of those, its tensor-parallel rows
-    or columns (`hf_mapping.hf_slices_for_shard`), one parameter at a time, so the memory on top of the model
-    is one parameter's slices. Values are cast to the model's dtype. `progress(done, total, bytes_read)` is
-    called after each parameter.
+    Only the first data-parallel replica reads, and each rank of it only what it holds: its pipeline stage's
+    layers and, of those, its tensor-parallel rows or columns (`hf_mapping.hf_slices_for_shard`), one
+    parameter at a time, so the memory on top of the model is one parameter's slices. The other replicas
+    receive each shard by a broadcast over data parallel: at 32B and DP 16, one read of the 65 GB from the
+    shared filesystem instead of sixteen (~1 TB), and the interconnect is faster than the filesystem. Every
+    rank checks the checkpoint's shapes (its headers) so that a mismatch stops every rank. Values are cast to
+    the model's dtype. `progress(done, total, bytes_read)` is called after each parameter.
     """
     from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
@@ -240,17 +244,22 @@ def load_hf_weights(
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
         # The last stage's copy of a tied embedding is a separate tensor; give it the same values.
         params.append(("embedding.word_embeddings.weight", unwrap_model(model).output_layer.weight))
+    reads = layout.dp_rank == 0
+    source = torch.distributed.get_global_rank(layout.dp_group, 0) if layout.dp_size > 1 else None
     with SafetensorsReader(hf_dir) as reader:
         hf_mapping.check_hf_shapes(reader.shapes(), cfg)
         for done, (name, param) in enumerate(params, start=1):
-            parts = [
-                reader.read(part.name, part.dim, part.start, part.stop)
-                for part in hf_mapping.hf_slices_for_shard(name, cfg, layout.tp_size, layout.tp_rank)
-            ]
-            _copy_shard(
-                name, param, hf_mapping.shard_from_hf_slices(name, parts, cfg, layout.tp_size), layout
-            )
-            del parts
+            if reads:
+                parts = [
+                    reader.read(part.name, part.dim, part.start, part.stop)
+                    for part in hf_mapping.hf_slices_for_shard(name, cfg, layout.tp_size, layout.tp_rank)
+                ]
+                _copy_shard(
+                    name, param, hf_mapping.shard_from_hf_slices(name, parts, cfg, layout.tp_size), layout
+                )
+                del parts
+            if source is not None:
+                torch.distributed.broadcast(param.data, src=source, group=layout.dp_group)
             if progress is not None:
                 progress(done, len(params), reader.bytes_read)
         return reader.bytes_read

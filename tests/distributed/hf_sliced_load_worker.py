@@ -49,6 +49,7 @@ def main() -> None:
     bytes_read = load_hf_weights(model, args.hf_dir, cfg, layout)
     report = {
         "rank": layout.rank,
+        "dp_rank": layout.dp_rank,
         "bytes_read": bytes_read,
         "rchar": rchar() - rchar_before,
         "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,

@@ -96,6 +96,26 @@ def test_each_rank_reads_only_its_slices(checkpoint: tuple[Path, dict[str, int]]
         assert report["peak_rss_growth"] <= 2 * report["largest_param_bytes"] + 64 * MiB, report
 
 
+def test_data_parallel_replicas_receive_their_slices_instead_of_reading(
+    checkpoint: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
+    """TP2 x DP2: the first replica reads its slices, the second gets the same shards by broadcast and reads
+    no tensor bytes (only the files' headers, for the shape check)."""
+    (hf_dir, sizes), out = checkpoint, tmp_path / "out"
+    out.mkdir()
+    torchrun(WORKER, 4, "--hf-dir", str(hf_dir), "--tp", "2", "--pp", "1", "--out", str(out))
+    reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
+    assert sorted(r["dp_rank"] for r in reports) == [0, 0, 1, 1]
+    headers = min(r["bytes_read"] for r in reports)  # what the second replica reads: the files' headers
+    assert headers < max(sizes.values())
+    for report in reports:
+        assert report["checked"] > 0 and report["mismatched"] == [], report
+        if report["dp_rank"] == 0:
+            assert report["bytes_read"] > headers + report["shard_bytes"] / 2, report
+        else:
+            assert report["bytes_read"] == headers and report["rchar"] < 4 * headers, report
+
+
 def test_converter_streams_in_the_source_dtype(
     checkpoint: tuple[Path, dict[str, int]], tmp_path: Path
 ) -> None:
