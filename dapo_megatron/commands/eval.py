@@ -80,7 +80,12 @@ def eval_engines(
         return [SGLangEngine(model_dir, rollout, log_file=log_dir / "engine.log")]
     return [
         SGLangEngine(
-            model_dir, rollout, log_file=log_dir / f"engine_{index}.log", device="cuda", base_gpu_id=first_gpu
+            model_dir,
+            rollout,
+            log_file=log_dir / f"engine_{index}.log",
+            device="cuda",
+            base_gpu_id=first_gpu,
+            index=index,
         )
         for index, first_gpu in enumerate(node_engine_gpus(rollout, gpus))
     ]

@@ -3,9 +3,10 @@
 While the driving rank generates (a rollout step: up to `trainer.max_gen_rounds` rounds; an evaluation),
 the other ranks wait in a collective for its result. A timeout shorter than that wait kills a healthy job
 on its longest step, so the timeout is the longest the driver can take before the rollout client's own
-request timeout fires, plus `parallel.timeout_minutes` for everything else. A crashed rank is still seen
-at once (torchrun stops the job when a process exits); only a rank that hangs inside a collective takes
-this long to be reported.
+request timeout fires (`rollout.request_timeout_s`, by default derived from the response budget:
+`RolloutConfig.resolved_request_timeout_s`), plus `parallel.timeout_minutes` for everything else. A crashed
+rank is still seen at once (torchrun stops the job when a process exits); only a rank that hangs inside a
+collective takes this long to be reported.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def collective_timeout(job: JobConfig, world_size: int, device: str | None = Non
         rollout.n_samples_per_prompt,
         engines,
         rollout.max_concurrent_requests,
-        rollout.request_timeout_s,
+        rollout.resolved_request_timeout_s,
     )
     if job.eval.every:
         wait_s += generation_bound_s(
@@ -53,6 +54,6 @@ def collective_timeout(job: JobConfig, world_size: int, device: str | None = Non
             job.eval.samples_per_problem,
             engines,
             rollout.max_concurrent_requests,
-            rollout.request_timeout_s,
+            rollout.resolved_request_timeout_s,
         )
     return datetime.timedelta(minutes=job.parallel.timeout_minutes, seconds=wait_s)

@@ -257,7 +257,7 @@ class RolloutClient:
         }
         what = f"generate request for group key {group.key!r} (rids {group.rids[0]}..{group.rids[-1]})"
         responses = self._post(
-            group.url, "/generate", body, what, timeout=self.cfg.request_timeout_s, rids=group.rids
+            group.url, "/generate", body, what, timeout=self.cfg.resolved_request_timeout_s, rids=group.rids
         )
         index_of = {rid: i for i, rid in enumerate(group.rids)}
         try:
@@ -367,7 +367,9 @@ class RolloutClient:
             "logprob_start_len": [p - 1 for p in prompt_lengths],
         }
         what = f"teacher-forced scoring of sequences {first_index}..{first_index + len(sequences) - 1}"
-        responses = self._post(url, "/generate", body, what, timeout=self.cfg.request_timeout_s, rids=rids)
+        responses = self._post(
+            url, "/generate", body, what, timeout=self.cfg.resolved_request_timeout_s, rids=rids
+        )
         try:
             by_rid = {
                 response["meta_info"]["id"]: response["meta_info"]["input_token_logprobs"]

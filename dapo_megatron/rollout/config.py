@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+DECODE_S_PER_TOKEN = 0.04
+"""An upper bound of a healthy engine's decode step: a 32B engine at TP 4 on H100s with its KV cache full of
+20k-token rollouts takes an estimated 25-35 ms a step (each GPU reads its 16 GB of weights and up to ~49 GB
+of cache per step at ~3.3 TB/s, plus 128 all-reduces); an estimate, not a measurement, hence the margin."""
+QUEUE_FACTOR = 2
+"""A request may wait for the full-length ones ahead of it before its KV cache fits (SGLang queues it, or
+retracts it and recomputes it later): up to one more full-length generation."""
+PREFILL_ALLOWANCE_S = 120.0
+"""Prefill of the prompts, the first request's kernel compilation, a flush after a weight sync."""
+MIN_REQUEST_TIMEOUT_S = 600.0
+"""The floor of a derived timeout: short responses on a slow engine (CPU) take longer than the GPU bound."""
 
 
 @dataclass
@@ -38,8 +51,10 @@ class RolloutConfig:
     generation. The rollout policy then differs from the trained one, so it requires truncated importance
     sampling (algo.tis_cap) and a looser rollout.sync_check_tolerance. None: the engine dtype."""
     seed: int | None = None
-    """Seed of the engine's sampler (`--random-seed`, always passed) and of the per-request seeds of
-    `deterministic`; None = the job seed (`rollout/fleet.rollout_config`)."""
+    """Seed of the rollout: engine i's sampler gets `seed + i` (`--random-seed`, always passed, so no two
+    engines draw the same random stream; `engine_seed`), and the per-sample seeds of `deterministic` derive
+    from `seed` itself, whichever engine serves the sample; None = the job seed
+    (`rollout/fleet.rollout_config`)."""
     deterministic: bool = False
     """Reproducible sampling (GPU only): SGLang's deterministic inference (`--enable-deterministic-inference`,
     batch-invariant kernels: a sequence's logits do not depend on what it is batched with) plus a seed per
@@ -51,7 +66,12 @@ class RolloutConfig:
     Refused on CPU: SGLang refuses deterministic inference with the CPU engine's torch_native attention, and
     without it ignores per-request seeds."""
     startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
+    request_timeout_s: float | None = None
+    """How long one group's request may take (a group returns with its slowest sample) before the client
+    aborts it and the job fails; it also bounds each weight push. None = derived from the response budget
+    (`resolved_request_timeout_s`, written in by `rollout/fleet.rollout_config`): 2 x 20480 x 40 ms + 120 s =
+    1759 s for the 7B and 32B recipes, the 600 s floor for shorter responses. The collective timeout is built
+    from it (`distributed/timeout.py`)."""
     max_concurrent_requests: int = 256
     log_dir: str | None = None
     """Engine logs; None = <output_dir>/logs."""
@@ -77,6 +97,18 @@ class RolloutConfig:
     sync_check_every: int = 50
     sync_check_tolerance: float = 1e-3
     """Largest allowed |engine - trainer| log-prob on the probe batch (fp32; use ~0.05 for bf16)."""
+
+    def engine_seed(self, index: int) -> int | None:
+        """The sampler seed of engine `index` (`--random-seed`): `seed + index`; None when seed is None
+        (SGLang then draws one at random)."""
+        return None if self.seed is None else self.seed + index
+
+    @property
+    def resolved_request_timeout_s(self) -> float:
+        """request_timeout_s, or the one derived from max_response_length when it is None."""
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        return derived_request_timeout_s(self.max_response_length)
 
     @property
     def max_sequence_tokens(self) -> int:
@@ -128,7 +160,7 @@ class RolloutConfig:
                 f"rollout.mem_fraction_static must be in (0, 1); got {self.mem_fraction_static}."
             )
         for name in ("startup_timeout_s", "request_timeout_s", "sync_check_tolerance"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be > 0; got {getattr(self, name)}.")
         if self.sync_method not in ("tensor", "distributed"):
             raise ValueError(f"rollout.sync_method must be tensor or distributed; got {self.sync_method!r}.")
@@ -138,3 +170,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.quantization must be null or fp8; got {self.quantization!r}.")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"rollout.dtype must be auto, float32, bfloat16 or float16; got {self.dtype!r}.")
+
+
+def derived_request_timeout_s(max_response_length: int) -> float:
+    """The default `request_timeout_s`: a full-length group decoded at the slowest healthy step, after
+    waiting for as long again (QUEUE_FACTOR), plus the prefill allowance; at least MIN_REQUEST_TIMEOUT_S.
+    Whole seconds."""
+    bound = QUEUE_FACTOR * max_response_length * DECODE_S_PER_TOKEN + PREFILL_ALLOWANCE_S
+    return float(max(MIN_REQUEST_TIMEOUT_S, math.ceil(bound)))

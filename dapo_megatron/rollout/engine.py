@@ -64,21 +64,47 @@ _REMOTE_HEALTH_TIMEOUT_S = 10.0
 _READY_POLL_S = 0.05  # between tries while a server starts: a refused connection costs microseconds
 
 
-_LAUNCHER_VARIABLES = frozenset(
-    {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "ROLE_NAME",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
+_LAUNCHER_REASON = (
+    "torchrun's / srun's rendezvous: SGLang initialises torch.distributed from the same variables and would "
+    "wait forever for the trainer's world size worth of ranks"
 )
+WITHHELD_VARIABLES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
+            "ROLE_RANK",
+            "ROLE_WORLD_SIZE",
+            "ROLE_NAME",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ),
+        _LAUNCHER_REASON,
+    ),
+    "PYTORCH_CUDA_ALLOC_CONF": (
+        "the trainer's allocator settings; with expandable_segments:True torch_memory_saver, which "
+        "--enable-memory-saver loads, refuses to start (torch_memory_saver/entrypoint.py, _sanity_checks), "
+        "and a CUDA tensor in expandable segments reaches another process only through pidfd_getfd, which "
+        "unprivileged containers deny"
+    ),
+    "PYTORCH_ALLOC_CONF": (
+        "the same settings under torch's newer name, which torch_memory_saver does not check"
+    ),
+    "CUDA_DEVICE_MAX_CONNECTIONS": (
+        "megatron's tensor-parallel overlap orders its kernels through one hardware queue (1: "
+        "slurm/env.sh, distributed/layout.py); an engine's kernels and NCCL are not to be serialised by it. "
+        "SGLang 0.5.23's launch_server sets its own (8, entrypoints/engine.py _set_envs_and_config), so this "
+        "keeps the trainer's value from any engine start that does not"
+    ),
+}
+"""Variables of the trainer's environment an engine does not get, each with why; every other one it inherits
+(PATH, HF_HOME, CUDA_VISIBLE_DEVICES, NCCL_* and the rest of slurm/env.sh)."""
+WITHHELD_PREFIXES = ("TORCHELASTIC_",)
+"""torchrun's agent state: the launcher's, as above."""
 
 
 class EngineError(RuntimeError):
@@ -129,6 +155,8 @@ class SGLangEngine:
             a client on another node must reach the server.
         device: "cpu" or "cuda".
         base_gpu_id: first GPU of this engine's tensor-parallel group (CUDA only).
+        index: the engine's place among the job's engines, which seeds its sampler apart from theirs
+            (`RolloutConfig.engine_seed`).
         extra_args: further `sglang.launch_server` flags, appended verbatim.
     """
 
@@ -142,6 +170,7 @@ class SGLangEngine:
         port: int | None = None,
         device: str = "cpu",
         base_gpu_id: int = 0,
+        index: int = 0,
         extra_args: Sequence[str] = (),
     ) -> None:
         if device not in ("cpu", "cuda"):
@@ -170,6 +199,7 @@ class SGLangEngine:
         self.port = port if port is not None else free_port(host)
         self.device = device
         self.base_gpu_id = base_gpu_id
+        self.index = index
         self.extra_args = list(extra_args)
         # A launched CPU engine's intra-op thread count, which it follows while it runs
         # (rollout/engine_threads.py).
@@ -198,6 +228,7 @@ class SGLangEngine:
 
     def command(self) -> list[str]:
         """The server command line (`python -m MODULE ARGS`; the guard adds the API key inside the server)."""
+        seed = self.cfg.engine_seed(self.index)
         common = [
             "--model-path",
             str(self.model_path),
@@ -205,7 +236,7 @@ class SGLangEngine:
             self.host,
             "--port",
             str(self.port),
-            *(["--random-seed", str(self.cfg.seed)] if self.cfg.seed is not None else []),
+            *(["--random-seed", str(seed)] if seed is not None else []),
         ]
         if self.device == "cpu":
             dtype = "float32" if self.cfg.dtype == "auto" else self.cfg.dtype
@@ -263,12 +294,12 @@ class SGLangEngine:
         ]
 
     def _environment(self) -> dict[str, str]:
-        # The trainer runs under torchrun / srun; SGLang initialises torch.distributed from the same
-        # variables and would wait forever for the trainer's world size worth of ranks.
+        # Built on purpose, not inherited wholesale: the trainer's launcher and its device settings are not an
+        # engine's (WITHHELD_VARIABLES says why for each).
         env = {
             k: v
             for k, v in os.environ.items()
-            if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")
+            if k not in WITHHELD_VARIABLES and not k.startswith(WITHHELD_PREFIXES)
         }
         # SGLang finds the model's class here first instead of importing all of its model modules
         # (`rollout/sglang_models`); a package the user names wins.

@@ -54,13 +54,14 @@ def engine_host(world_size: int, master_addr: str, environ: Mapping[str, str] | 
 
 
 def rollout_config(job: JobConfig) -> RolloutConfig:
-    """The rollout settings with the engine dtype (`auto` = the policy's) and the seed (None = the job's)
-    resolved."""
+    """The rollout settings with the engine dtype (`auto` = the policy's), the seed (None = the job's) and the
+    request timeout (None = derived from the response budget) resolved."""
     rollout = job.rollout
     return dataclasses.replace(
         rollout,
         dtype=job.model.params_dtype if rollout.dtype == "auto" else rollout.dtype,
         seed=job.seed if rollout.seed is None else rollout.seed,
+        request_timeout_s=rollout.resolved_request_timeout_s,
     )
 
 
@@ -134,9 +135,19 @@ class EngineFleet:
 
     def launch(self) -> None:
         """Start (without waiting for it) the engine this rank launches, if any: colocated, its TP group
-        starts at this rank's GPU; it listens where the job's other processes reach it (`engine_host`)."""
+        starts at this rank's GPU; it listens where the job's other processes reach it (`engine_host`).
+
+        On GPUs collective: every rank calls it once its policy is built and its state offloaded, and no
+        engine starts before all of them have."""
         from dapo_megatron.rollout.engine import SGLangEngine
 
+        if not self.launches_before_policy:
+            import torch
+
+            # An engine's TP ranks run on its peers' GPUs too. Started while a peer still holds its state, it
+            # sizes its KV cache from that GPU's smaller free memory, or SGLang's check that its TP ranks
+            # found about the same free memory (distributed/bootstrap.py, _check_tp_memory_balance) raises.
+            torch.distributed.barrier()
         index = self.placement.owns(self.rank)
         if index is None or self.engine is not None:  # no engine here, or launched already
             return
@@ -150,6 +161,7 @@ class EngineFleet:
             host=engine_host(self.world_size, self.master_addr),
             device=self.device,
             base_gpu_id=self.local_rank,
+            index=index,
         ).launch()
 
     def connect(self, layout: ParallelLayout) -> None:
@@ -195,7 +207,7 @@ class EngineFleet:
             layout,
             bucket_bytes=rollout.sync_bucket_mb * 2**20,
             engine_tp_size=rollout.engine_tp_size,
-            timeout_s=rollout.request_timeout_s,
+            timeout_s=rollout.resolved_request_timeout_s,
             engine_owners=[self.placement.owner(e) for e in range(self.placement.num_engines)],
         )
         self.probe = probe
@@ -229,7 +241,9 @@ class EngineFleet:
 
         On GPUs the engine's memory comes back in stages so the peak stays low: its weights first, then the
         push and the trainer's side of the check, then the trainer's state leaves (`offload`), then the KV
-        cache comes back, into that memory too, and the engines' side of the check runs on it."""
+        cache comes back, into that memory too, and the engines' side of the check runs on it. An engine's TP
+        ranks take that memory on its peers' GPUs too, so each stage waits at a barrier for every rank to have
+        freed its part, and no engine is asked to generate before every engine holds its KV cache again."""
         import torch
 
         from dapo_megatron.rollout.engine import raise_if_any_died
@@ -238,10 +252,12 @@ class EngineFleet:
         started = time.perf_counter()
         version = f"step-{step}"
         released = self._released
-        if released:
-            # PyTorch's caching allocator still holds the training step's peak; hand it back to the
-            # driver so SGLang can allocate its weights and KV cache in that memory.
+        if self._offloads:
+            # PyTorch's caching allocator still holds the training step's peak; every rank hands it back to
+            # the driver so SGLang can allocate its weights and KV cache in that memory.
             torch.cuda.empty_cache()
+            torch.distributed.barrier()
+        if released:
             self.engine.resume_memory(["weights"])
         torch.distributed.barrier()
         try:
@@ -257,10 +273,16 @@ class EngineFleet:
         moving = time.perf_counter()
         offload_seconds = offload() if offload is not None else 0.0
         moved = time.perf_counter() - moving
+        if self._offloads:
+            torch.cuda.empty_cache()  # the sync's and the probe's buffers, the state `offload` moved out
+            torch.distributed.barrier()  # every rank's state has left before an engine takes its KV cache
         if released:
-            torch.cuda.empty_cache()  # the sync's transient buffers, and the state `offload` moved out
             self.engine.resume_memory(["kv_cache", "cuda_graph"])
             self._released = False
+        if self._offloads:
+            # SGLang does not refuse a request while its KV cache is released: the driving rank's probe and
+            # rollouts wait for every engine.
+            torch.distributed.barrier()
         gap = None
         if trainer_log_probs is not None:
             gap = self._compare_probe(version, trainer_log_probs, client)
