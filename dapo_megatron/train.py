@@ -191,6 +191,7 @@ def train(
             groups, rollout_metrics = rollouts.collect(stop.seen_here)  # driving rank only
             batch = rollouts.training_batch(groups, step)  # rewards, advantages
             if batch is None:  # a stop request cut the generation short: step - 1 is the one to keep
+                console.info("stop requested while step %d generated: its requests were aborted", step)
                 step -= 1
                 break
             rows, batch_metrics = batch
@@ -257,6 +258,7 @@ def train(
         if saved != step:  # stopped while generating the step after the last checkpoint
             fleet.release_memory()
             session.save(step)
+            console.info("checkpoint of step %d written", step)
         console.info("done at step %d; checkpoints and logs in %s", step, job.output_dir)
 
 

@@ -17,19 +17,10 @@ import pytest
 from dapo_megatron import checkpoint
 from dapo_megatron.trainer.evaluate import eval_accuracy as held_out
 from tests.conftest import REPO, free_port
+from tests.e2e.conftest import run
 from tests.metric_tags import ALWAYS, concrete, documented, readme_tags
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
-
-
-def run(args: list[str], timeout: float, *, warnings: str = "ignore") -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS=warnings)
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
-    return proc
 
 
 def demo_job(demo_base: Path, out: Path, *overrides: str) -> list[str]:
@@ -51,15 +42,6 @@ def read_records(run_dir: Path) -> list[dict[str, float]]:
 
 def eval_accuracy(run_dir: Path) -> dict[int, float]:
     return {int(m["step"]): acc for m in read_records(run_dir) if (acc := held_out(m)) is not None}
-
-
-@pytest.fixture(scope="module")
-def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("demo") / "base"
-    run([sys.executable, "tools/make_demo_base.py", "--output", str(base)], timeout=900)
-    summary = json.loads((base / "warmup_summary.json").read_text())
-    assert 0.15 <= summary["greedy_eval_accuracy"] < 0.3, summary
-    return base
 
 
 # A user's reward file, as README's "Your own reward function" shows: DAPO's grading (so the demo's learning
