@@ -17,14 +17,24 @@ Stages, one line each (`ok`, `skipped: why`, or `FAILED: error`), on a Qwen2 pol
    the model's vocabulary: largest difference, and the peak memory of each (forward + backward).
 4. fp8: the same steps with Transformer Engine FP8 layers (`model.fp8.*`, `enabled` forced on); needs TE and a
    Hopper-or-newer GPU.
-5. engine: the policy exported to Hugging Face format, loaded back through the trainer's HF path, a colocated
+5. param-gather: the distributed optimizer with `parallel.overlap_param_gather` (the 7B and 32B recipes)
+   defers the all-gather of updated parameters to the next forward; the weights every reader outside a
+   forward sees (the weight sync, checkpoints, exports) must be the optimizer's new ones, as without the
+   flag. Needs data parallelism (several processes).
+6. checkpoint: a checkpoint as the trainer writes it (model, optimizer, schedule, RNG), read back into a
+   freshly built policy, which then makes the same next step as the policy that wrote it; save and load
+   times and sizes.
+7. engine: the policy exported to Hugging Face format, loaded back through the trainer's HF path, a colocated
    SGLang engine started as the trainer starts it, its memory released for a training step and resumed, the
    new weights pushed (`rollout.sync_method`), and the engine's log-probs on a probe batch compared with the
    trainer's; then a short generation. Needs SGLang.
 
-It runs what this machine can and says what it skipped and why: a machine with only a CUDA build of torch and
-megatron-core runs stages 1-3. Exit status: 0 when no stage failed, 1 when one did, 2 without a GPU.
-`--allow-cpu` runs the same stages on the CPU in fp32 (for tests and laptops: no MFU, no GPU memory).
+Every stage runs in the environment of the cluster's `slurm/env.sh` (`--slurm-env`), as a job does: the
+variables it sets are applied before CUDA starts, and the environment stage lists them. `--stages` picks
+stages by name. It runs what this machine can and says what it skipped and why: a machine with only a CUDA
+build of torch and megatron-core runs stages 1-3, 5 and 6. Exit status: 0 when no stage failed, 1 when one
+did, 2 without a GPU. `--allow-cpu` runs the same stages on the CPU in fp32 (for tests and laptops: no MFU,
+no GPU memory).
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,13 +56,16 @@ import torch
 from dapo_megatron import config as job_config
 from dapo_megatron import flops
 from dapo_megatron.config import JobConfig
+from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
-from dapo_megatron.trainer.actor import PolicyRows
+from dapo_megatron.trainer.actor import Actor, PolicyRows
 from dapo_megatron.versions import package_version
 
 DEFAULT_MODEL = "qwen2.5-0.5b"
+REPO = Path(__file__).resolve().parent.parent
+SLURM_ENV = REPO / "slurm" / "env.sh"
 ENGINE_OVERRIDES = (
     "rollout.max_prompt_length=64",
     "rollout.max_response_length=16",
@@ -67,6 +82,12 @@ BF16_SYNC_TOLERANCE = 0.05
 """Engine against trainer, both bf16 with different kernels, unless `rollout.sync_check_tolerance` is given:
 the log-probs of a random policy sit near -log(vocab), and bf16 logits differ by about 1e-3 relative."""
 GIB = 2.0**30
+LARGE_STEP = {"lr": 1e-2, "lr_warmup_rollout_steps": 0}
+"""The optimizer of the param-gather and checkpoint stages: a first step that moves every bf16 weight by many
+units in its last place, so that a stale or lost update shows (the recipes' warmed-up 1e-6 moves none)."""
+GPU_WEIGHT_TOLERANCE = 1e-3
+"""Two identical steps on a GPU may differ by the rounding of non-deterministic kernels (atomic adds in the
+embedding's backward): a few bf16 units in the last place at the weights' ~0.02 scale. On CPU: equal."""
 
 
 class Skip(Exception):
@@ -81,6 +102,8 @@ class Check:
     layout: ParallelLayout
     args: argparse.Namespace
     workdir: Path
+    cluster_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What `--slurm-env` set in this process's environment."""
 
     @property
     def on_gpu(self) -> bool:
@@ -124,7 +147,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--allow-cpu", action="store_true", help="run on the CPU when no GPU is visible (fp32)"
     )
+    parser.add_argument(
+        "--slurm-env",
+        default=str(SLURM_ENV),
+        help="the cluster's environment file, sourced as the job scripts source it ('' for none)",
+    )
+    parser.add_argument("--stages", help="comma-separated stage names to run (default: all)")
     args, overrides = parser.parse_known_args(argv)
+    unknown = set((args.stages or "").split(",")) - set(STAGES) - {""}
+    if unknown:
+        parser.error(f"unknown stage(s) {', '.join(sorted(unknown))}; the stages are {', '.join(STAGES)}")
     if (
         args.steps < 1
         or args.batch_size < 1
@@ -167,6 +199,21 @@ def _peak(check: Check) -> str:
     )
 
 
+def cluster_environment(path: Path) -> dict[str, str]:
+    """The variables the cluster's environment file (`slurm/env.sh`) sets or changes, sourced from the
+    repository root over this process's environment, as the job scripts source it."""
+
+    def environment(script: str) -> dict[str, str]:
+        listed = subprocess.run(
+            ["bash", "-c", script, "gpu_check", str(path)], cwd=REPO, capture_output=True, check=True
+        ).stdout
+        return dict(item.split("=", 1) for item in listed.decode().split("\0") if "=" in item)
+
+    before = environment("env -0")
+    after = environment('source "$1" >/dev/null && env -0')
+    return {key: value for key, value in after.items() if before.get(key) != value}
+
+
 # ---------------------------------------------------------------------------------------------------- stages
 
 
@@ -185,6 +232,18 @@ def stage_environment(check: Check) -> str:
         "sglang": package_version("SGLang"),
     }
     parts = [f"{name} {version or 'not installed'}" for name, version in versions.items()]
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        raise RuntimeError(
+            "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True: SGLang's memory saver refuses to start "
+            "with it, and CUDA IPC of such memory needs pidfd_getfd, which unprivileged containers deny; "
+            "unset it"
+        )
+    names = sorted(check.cluster_env)
+    parts.append(
+        f"{check.args.slurm_env} set {len(names)} variables ({', '.join(names)})"
+        if check.args.slurm_env
+        else "no cluster environment file (--slurm-env '')"
+    )
     if check.on_gpu:
         major, minor = torch.cuda.get_device_capability()
         parts.insert(
@@ -202,20 +261,34 @@ def stage_environment(check: Check) -> str:
     return "; ".join(parts)
 
 
-def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
-    """Median seconds of `--steps` optimizer steps (after one untimed) and what they achieved."""
+def build_actor(
+    check: Check, model_cfg: ModelConfig, parallel: ParallelConfig | None = None, *, large_step: bool = False
+) -> Actor:
+    """A policy as `trainer/policy.py` builds it (megatron DDP, the job's optimizer and schedule; with
+    `large_step`, the optimizer of `LARGE_STEP`)."""
     from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
-    job, layout, args = check.job, check.layout, check.args
+    job, layout, parallel = check.job, check.layout, parallel or check.job.parallel
+    optim = dataclasses.replace(job.optim, **LARGE_STEP) if large_step else job.optim
+    model = wrap_for_training(build_gpt_model(model_cfg, parallel, layout), parallel)
+    optimizer, scheduler = build_optimizer(model, optim, parallel, model_cfg, job.trainer.optimizer_steps)
+    return Actor(model, optimizer, scheduler, job.algo, layout, vocab_size=model_cfg.vocab_size)
+
+
+def rank_rows(check: Check, model_cfg: ModelConfig) -> PolicyRows:
+    """This data-parallel rank's batch of `--batch-size` random rows."""
+    args, seed = check.args, check.job.seed + check.layout.dp_rank
+    return random_rows(args.batch_size, args.seq_length, model_cfg.vocab_size, seed=seed)
+
+
+def train_steps(check: Check, model_cfg: ModelConfig, precision: str) -> str:
+    """Median seconds of `--steps` optimizer steps (after one untimed) and what they achieved."""
+    layout, args = check.layout, check.args
     _reset_peak(check)
-    model = wrap_for_training(build_gpt_model(model_cfg, job.parallel, layout), job.parallel)
-    optimizer, scheduler = build_optimizer(
-        model, job.optim, job.parallel, model_cfg, job.trainer.optimizer_steps
-    )
-    actor = Actor(model, optimizer, scheduler, job.algo, layout, vocab_size=model_cfg.vocab_size)
-    rows = random_rows(args.batch_size, args.seq_length, model_cfg.vocab_size, seed=job.seed + layout.dp_rank)
+    actor = build_actor(check, model_cfg)
+    model, optimizer = actor.model, actor.optimizer
+    rows = rank_rows(check, model_cfg)
     times = []
     for _ in range(args.steps + 1):
         _synchronize(check)
@@ -375,11 +448,104 @@ def stage_engine(check: Check) -> str:
     )
 
 
+def local_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    from dapo_megatron.models.weights import unwrap_model
+
+    named = unwrap_model(actor.model).named_parameters()
+    return {name: param.detach().float().clone() for name, param in named}
+
+
+def largest_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest |a - b| over every tensor of every rank (collective)."""
+    local = max(float((a[name] - b[name]).abs().max()) for name in a)
+    gap = torch.tensor([local], device=next(iter(a.values())).device)
+    torch.distributed.all_reduce(gap, op=torch.distributed.ReduceOp.MAX)
+    return float(gap)
+
+
+def weight_tolerance(check: Check) -> float:
+    return GPU_WEIGHT_TOLERANCE if check.on_gpu else 0.0
+
+
+def stage_param_gather(check: Check) -> str:
+    """Two policies from the same weights make the same step, the distributed optimizer's parameter all-gather
+    deferred (`parallel.overlap_param_gather`) in one and done inside the step in the other; what a reader of
+    the weights sees after `finish_param_gather` must not differ."""
+    from dapo_megatron.models.weights import finish_param_gather
+
+    if check.layout.dp_size < 2:
+        raise Skip("needs data parallelism: run it under torchrun with more ranks than TP x PP")
+    model_cfg = check.policy_config()
+    deferred = dataclasses.replace(
+        check.job.parallel,
+        use_distributed_optimizer=True,
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+    )
+    synchronous = dataclasses.replace(deferred, overlap_param_gather=False)
+    actors = [build_actor(check, model_cfg, layout, large_step=True) for layout in (deferred, synchronous)]
+    with torch.no_grad():
+        for mine, theirs in zip(actors[1].model.parameters(), actors[0].model.parameters(), strict=True):
+            mine.copy_(theirs)
+    actors[1].optimizer.reload_model_params()
+    rows = rank_rows(check, model_cfg)
+    for actor in actors:
+        actor.train_step(rows, check.args.micro_batch_size)
+    stale = largest_gap(local_weights(actors[0]), local_weights(actors[1]))
+    finish_param_gather(actors[0].model)
+    gap = largest_gap(local_weights(actors[0]), local_weights(actors[1]))
+    if gap > weight_tolerance(check) or stale <= weight_tolerance(check):
+        raise RuntimeError(
+            f"after the deferred all-gather the weights differ by {gap:.3g} from the synchronous step's "
+            f"(before it: {stale:.3g}; a reader must see the update, and the case must show one)"
+        )
+    return (
+        f"weights within {gap:.2g} of the synchronous step's after the gather (up to {stale:.3g} before it), "
+        f"DP {check.layout.dp_size}"
+    )
+
+
+def stage_checkpoint(check: Check) -> str:
+    """Save after a step, load into a freshly built policy, take the next step in both: same loss, weights."""
+    from dapo_megatron import checkpoint
+
+    layout, model_cfg = check.layout, check.policy_config()
+    root = check.workdir / "checkpoints"
+    writer = build_actor(check, model_cfg, large_step=True)
+    rows = rank_rows(check, model_cfg)
+    writer.train_step(rows, check.args.micro_batch_size)
+    _synchronize(check)
+    started = time.perf_counter()
+    directory = checkpoint.save_model(
+        writer.model, root, 1, model_cfg, layout, training=writer, shared_state={"step": 1}
+    )
+    saved_s = time.perf_counter() - started
+    reader = build_actor(check, model_cfg, large_step=True)
+    started = time.perf_counter()
+    checkpoint.load_model(reader.model, root)
+    checkpoint.load_training_state(reader.model, directory, layout, reader)
+    loaded_s = time.perf_counter() - started
+    losses = [actor.train_step(rows, check.args.micro_batch_size)["loss"] for actor in (writer, reader)]
+    gap = largest_gap(local_weights(writer), local_weights(reader))
+    if gap > weight_tolerance(check) or losses[0] != losses[1]:
+        raise RuntimeError(
+            f"the resumed policy's next step differs: loss {losses[1]:.6g} against {losses[0]:.6g}, weights "
+            f"by up to {gap:.3g}"
+        )
+    size = sum(file.stat().st_size for file in directory.rglob("*") if file.is_file())
+    return (
+        f"saved {size / GIB:.2f} GiB in {saved_s:.1f} s, loaded in {loaded_s:.1f} s; the resumed policy's "
+        f"next step has the same loss, weights within {gap:.2g}"
+    )
+
+
 STAGES: dict[str, Callable[[Check], str]] = {
     "environment": stage_environment,
     "bf16": stage_train,
     "log-probs": stage_logprobs,
     "fp8": stage_fp8,
+    "param-gather": stage_param_gather,
+    "checkpoint": stage_checkpoint,
     "engine": stage_engine,
 }
 
@@ -407,6 +573,9 @@ def run_stages(check: Check, stages: dict[str, Callable[[Check], str]] = STAGES)
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    # Before CUDA starts: the allocator and NCCL read their settings once.
+    cluster_env = cluster_environment(Path(args.slurm_env)) if args.slurm_env else {}
+    os.environ.update(cluster_env)
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
             "gpu_check: no CUDA GPU is visible to torch (torch.cuda.is_available() is False). Run it on a "
@@ -429,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             # Every rank works in rank 0's directory: the engine stage's HF export is read by all of them.
             shared = [scratch]
             torch.distributed.broadcast_object_list(shared, src=0)
-            check = Check(job=job, layout=layout, args=args, workdir=Path(shared[0]))
+            check = Check(job=job, layout=layout, args=args, workdir=Path(shared[0]), cluster_env=cluster_env)
             if layout.is_logging_rank:
                 print(
                     f"gpu_check: {job.model.name} ({flops.matmul_parameters(job.model) / 1e9:.2f}B matmul "
@@ -437,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"rank and step, micro-batch {args.micro_batch_size}",
                     flush=True,
                 )
-            results = run_stages(check)
+            chosen = args.stages.split(",") if args.stages else list(STAGES)
+            results = run_stages(check, {name: STAGES[name] for name in chosen})
             torch.distributed.barrier()  # rank 0's directory outlives every rank's use of it
     finally:
         shutdown()

@@ -4,6 +4,7 @@ memory, FP8) are what is left for a GPU; the README's GPU table says so."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, load_script
+from tests.conftest import REPO, free_port, load_script
 
 gpu_check = load_script(REPO / "tools" / "gpu_check.py")
 
@@ -54,11 +55,53 @@ def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
     assert "ok" in lines["fp32"] and "ms/step" in lines["fp32"]
     assert "ok" in lines["log-probs"] and "max |diff|" in lines["log-probs"]
     assert "skipped: model.fp8.enabled=true needs a CUDA GPU" in lines["fp8"]
+    assert "skipped: needs data parallelism" in lines["param-gather"]  # one process: see the next test
+    assert "ok" in lines["checkpoint"] and "next step has the same loss" in lines["checkpoint"]
+    assert "slurm/env.sh set" in lines["environment"] and "NCCL_IB_TIMEOUT" in lines["environment"]
     # The engine got the weights after a training step: its log-probs agree with the trainer's (fp32).
     assert "ok" in lines["engine"] and "probe log-probs within" in lines["engine"], lines["engine"]
     gap = float(lines["engine"].split("probe log-probs within ")[1].split()[0])
     assert gap <= 1e-3
     assert not list(tmp_path.iterdir()), "the check left files behind"
+
+
+def test_data_parallel_stages_under_torchrun(tmp_path: Path) -> None:
+    """Two data-parallel ranks: the deferred parameter all-gather (the recipes' overlap_param_gather) leaves
+    the weights a reader sees equal to the synchronous step's, and a checkpoint resumes to the same step."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "tools/gpu_check.py",
+            "--allow-cpu",
+            "--batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--seq-length",
+            "32",
+            "--stages",
+            "param-gather,checkpoint",
+            "--workdir",
+            str(tmp_path),
+            "model=tiny",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("gpu_check ")]
+    assert len(lines) == 2 and all(": ok (" in line for line in lines), lines
+    before = float(lines[0].split("(up to ")[1].split()[0])
+    assert "weights within 0 of the synchronous step's" in lines[0] and before > 1e-3, lines[0]
 
 
 def test_without_a_gpu_it_says_so_and_exits_2() -> None:
