@@ -4,12 +4,16 @@
 # so `GPUS_PER_NODE=4 sbatch ...` works without editing.
 
 # --- container (pyxis/enroot) ---
-# The image slurm/Dockerfile builds (NVIDIA's PyTorch + SGLang + this project's requirements), imported with
-# enroot (slurm/README.md, "Container"). Empty: run without a container (a prepared venv).
+# The image slurm/Dockerfile builds: SGLang's release image (SGLang and the torch it pins) plus Transformer
+# Engine, megatron-core and this project's requirements, imported with enroot (slurm/README.md, "Container").
+# Empty: run without a container (a prepared venv).
 export CONTAINER_IMAGE=${CONTAINER_IMAGE:-}
-# Mounted at the same paths inside the container. Default: the repository (this file is sourced from its
-# root), which holds the recipes' data, checkpoints and caches. Checkpoints and caches must be on a
-# filesystem every node shares; add more as SRC:DST[,SRC:DST...] (e.g. "$PWD:$PWD,/lustre:/lustre").
+# Host paths mounted into the container, SRC:DST[,SRC:DST...]. Inside it only these (and the image) exist, so
+# every path a job reads or writes must lie under one of them. The default mounts the repository at its own
+# path (this file is sourced from its root, where jobs are submitted): it holds what the recipes use as
+# written (models/, data/, outputs/, .cache/). A model, data set or output_dir elsewhere needs its filesystem
+# added, at the same path, e.g. for model.hf_dir=/lustre/Qwen2.5-32B: "$PWD:$PWD,/lustre:/lustre". Outputs
+# must be on a filesystem every node shares. slurm/job.sh refuses an argument naming an unmounted path.
 export CONTAINER_MOUNTS=${CONTAINER_MOUNTS:-$PWD:$PWD}
 export PYTHON=${PYTHON:-python}
 
@@ -22,10 +26,13 @@ export HF_HOME=${HF_HOME:-$PWD/.cache/huggingface}
 export RDZV_PORT=${RDZV_PORT:-}
 
 # --- CUDA / PyTorch ---
-# One hardware queue orders megatron's tensor-parallel communication and compute kernels.
-export CUDA_DEVICE_MAX_CONNECTIONS=1
+# Set for every process of the job (trainers, SGLang engines, reward workers), so only what suits all of them.
+# Not here: CUDA_DEVICE_MAX_CONNECTIONS=1, which megatron's tensor-parallel overlap needs and an engine must not
+# get; each trainer rank sets it before CUDA starts (dapo_megatron/distributed/layout.py, initialize).
+# Not set at all: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. The engines' torch_memory_saver
+# (--enable-memory-saver) refuses to start with it, and CUDA IPC of expandable-segment memory (the weight sync
+# hands tensors to the engines that way) needs pidfd_getfd, which unprivileged containers deny.
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1
-export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONUNBUFFERED=1
 export PYTHONFAULTHANDLER=1
 # Per-node Triton cache: a shared-filesystem cache makes every rank fight over the same files.

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # One launcher per node (srun --ntasks-per-node=1 runs this on every node of the allocation): torchrun
-# starts GPUS_PER_NODE ranks of `python -m MODULE ARGS...` here and meets the other nodes at the first
-# node of the allocation.
+# starts GPUS_PER_NODE ranks of `python -m MODULE ARGS...` here and meets the other nodes at RDZV_HOST, the
+# first node of the allocation, which slurm/job.sh resolves and srun passes in with the environment.
 #
 #   slurm/launch.sh dapo_megatron.train experiment=dapo_qwen2.5_32b
 #
+# This runs inside the container, whose image has no Slurm client: it calls no Slurm command.
 # Ranks are assigned node by node (static rendezvous: node i holds ranks i*GPUS_PER_NODE...), so tensor-
 # parallel groups stay inside a node's NVLink domain.
 #
-# SIGUSR1 (the time-limit warning, relayed by srun) reaches every process of the job step, not only this
-# script. Everything started here inherits it ignored (torchrun, the trainers, SGLang, reward workers:
-# none may die of it); this script alone handles it, by creating the stop file that the trainers check at
-# each step boundary. The whole protocol: slurm/README.md.
+# Slurm delivers a signal sent to a job step to every process of the step, not only this script:
+# - SIGUSR1 (the time-limit warning, relayed by job.sh): everything started here inherits it ignored
+#   (torchrun, the trainers, SGLang, reward workers: none may die of it); this script alone handles it, by
+#   creating the stop file that the trainers check at each step boundary.
+# - SIGTERM (slurmd ending the step: --kill-on-bad-exit after another node failed, `scancel --signal=TERM`,
+#   the end of the job): torchrun passes it to the ranks and SIGKILLs them 30 s later; the trainers take it
+#   as a request to checkpoint and stop (dapo_megatron/distributed/stop.py). This script creates the stop
+#   file too, then keeps waiting for torchrun: once a step's task exits, slurmstepd SIGKILLs every process
+#   the task leaves behind, which would end the ranks mid-checkpoint. At the end of a job, Slurm's own
+#   SIGKILL follows KillWait seconds after its SIGTERM.
+# The whole protocol: slurm/README.md.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/env.sh
@@ -25,29 +33,35 @@ if [ "$#" -lt 1 ]; then
   exit 2
 fi
 : "${SLURM_JOB_ID:?run under Slurm (srun), or set the SLURM_* variables}"
-: "${SLURM_NNODES:?}" "${SLURM_NODEID:?}" "${SLURM_JOB_NODELIST:?}"
-# sed, not head: head exits after one line and the writer's SIGPIPE would fail the pipeline (pipefail).
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+: "${SLURM_NNODES:?}" "${SLURM_NODEID:?}"
+: "${RDZV_HOST:?the rendezvous host (the first node) is unset: start this through slurm/job.sh, which sets it}"
 # One port per job (jobs sharing a node do not collide), below Linux's ephemeral range (from 32768), where
 # the kernel picks the local ports of outgoing connections. Same formula: distributed/launch.py.
 port=${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 10000))}
-echo "[launch] node ${SLURM_NODEID}/${SLURM_NNODES} ($(hostname)): ${GPUS_PER_NODE} ranks, rendezvous ${head_node}:${port}"
+echo "[launch] node ${SLURM_NODEID}/${SLURM_NNODES} (${HOSTNAME}): ${GPUS_PER_NODE} ranks, rendezvous ${RDZV_HOST}:${port}"
 
-# Node-local and per run: a requeued job keeps its id and may come back to this node.
-export DAPO_STOP_FILE=${TMPDIR:-/tmp}/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
+# Node-local and per run: a requeued job keeps its id and may come back to this node. TMPDIR may name a host
+# directory that is not mounted into the container; /tmp is there in every image.
+stop_dir=${TMPDIR:-/tmp}
+if [ ! -d "$stop_dir" ] || [ ! -w "$stop_dir" ]; then
+  stop_dir=/tmp
+fi
+export DAPO_STOP_FILE=$stop_dir/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
 rm -f "$DAPO_STOP_FILE"
 
-trap '' USR1  # ignored here while torchrun starts: it and everything it starts inherit "ignored"
-"$PYTHON" -m torch.distributed.run --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \
-  --nproc-per-node "$GPUS_PER_NODE" --master-addr "$head_node" --master-port "$port" -m "$@" &
-torchrun_pid=$!
-
-# shellcheck disable=SC2329  # called by the USR1 trap
+# shellcheck disable=SC2329  # called by the traps
 request_stop() {
-  echo "[launch] node ${SLURM_NODEID}: SIGUSR1: the trainers checkpoint at the next step boundary and exit"
-  touch "$DAPO_STOP_FILE"
+  echo "[launch] node ${SLURM_NODEID}: SIG$1: the trainers checkpoint at the next step boundary and exit"
+  touch "$DAPO_STOP_FILE" || echo "[launch] node ${SLURM_NODEID}: cannot create the stop file $DAPO_STOP_FILE"
 }
-trap request_stop USR1
+# A trapped signal is reset to its default in the programs this script starts (torchrun installs its own
+# SIGTERM handler); an ignored one stays ignored in them, hence SIGUSR1's handler comes after the start.
+trap 'request_stop TERM' TERM
+trap '' USR1
+"$PYTHON" -m torch.distributed.run --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \
+  --nproc-per-node "$GPUS_PER_NODE" --master-addr "$RDZV_HOST" --master-port "$port" -m "$@" &
+torchrun_pid=$!
+trap 'request_stop USR1' USR1
 status=0
 wait_for_child "$torchrun_pid" || status=$?
 rm -f "$DAPO_STOP_FILE"

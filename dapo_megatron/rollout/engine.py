@@ -95,8 +95,8 @@ WITHHELD_VARIABLES: dict[str, str] = {
         "the same settings under torch's newer name, which torch_memory_saver does not check"
     ),
     "CUDA_DEVICE_MAX_CONNECTIONS": (
-        "megatron's tensor-parallel overlap orders its kernels through one hardware queue (1: "
-        "slurm/env.sh, distributed/layout.py); an engine's kernels and NCCL are not to be serialised by it. "
+        "megatron's tensor-parallel overlap orders its kernels through one hardware queue (1, set by each "
+        "trainer rank: distributed/layout.py); an engine's kernels and NCCL are not to be serialised by it. "
         "SGLang 0.5.23's launch_server sets its own (8, entrypoints/engine.py _set_envs_and_config), so this "
         "keeps the trainer's value from any engine start that does not"
     ),

@@ -96,3 +96,16 @@ def test_cluster_recipes_collective_timeouts_as_the_cluster_runs_them() -> None:
     assert collective_timeout(small, world_size=8, device="cuda") == datetime.timedelta(
         minutes=30, seconds=(10 * 3 + 1) * 1759
     )  # 15 h 38 min 49 s
+
+
+@pytest.mark.parametrize(("recipe", "world_size"), [("dapo_qwen2.5_32b", 128), ("dapo_qwen2.5_7b", 8)])
+def test_slurm_readme_states_the_timeout_the_code_computes(recipe: str, world_size: int) -> None:
+    """slurm/README.md tells a cluster user how long a hung collective holds the allocation: the code's
+    figure for each recipe as written, to the minute."""
+    from tests.conftest import REPO
+
+    job = C.to_job_config(C.compose([f"experiment={recipe}"]))
+    minutes = round(collective_timeout(job, world_size=world_size, device="cuda").total_seconds() / 60)
+    assert f"{minutes // 60} h {minutes % 60} min" in (REPO / "slurm" / "README.md").read_text().replace(
+        "\n  ", " "
+    )
