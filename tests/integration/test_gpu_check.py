@@ -17,11 +17,13 @@ from tests.conftest import REPO, free_port, load_script
 gpu_check = load_script(REPO / "tools" / "gpu_check.py")
 
 
-@pytest.mark.sglang
-def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
+def run_check(tmp_path: Path, *args: str, launcher: tuple[str, ...] = ()) -> dict[str, str]:
+    """tools/gpu_check.py on the CPU at a tiny size (under `launcher`, e.g. torchrun): each stage's line by
+    name; the run must pass."""
     proc = subprocess.run(
         [
             sys.executable,
+            *launcher,
             "tools/gpu_check.py",
             "--allow-cpu",
             "--steps",
@@ -36,6 +38,7 @@ def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
             "256",
             "--workdir",
             str(tmp_path),
+            *args,
             "model=tiny",
             "rollout.startup_timeout_s=300",
         ],
@@ -43,13 +46,19 @@ def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = {
+    return {
         line.split(":")[0].split()[-1]: line
         for line in proc.stdout.splitlines()
         if line.startswith("gpu_check ")
     }
+
+
+@pytest.mark.sglang
+def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
+    lines = run_check(tmp_path)
     assert "ok" in lines["environment"] and "megatron-core 0.16.1" in lines["environment"]
     assert "CPU compatibility layer on" in lines["environment"]
     assert "ok" in lines["fp32"] and "ms/step" in lines["fp32"]
@@ -68,40 +77,13 @@ def test_cpu_run_passes_every_stage_it_can(tmp_path: Path) -> None:
 def test_data_parallel_stages_under_torchrun(tmp_path: Path) -> None:
     """Two data-parallel ranks: the deferred parameter all-gather (the recipes' overlap_param_gather) leaves
     the weights a reader sees equal to the synchronous step's, and a checkpoint resumes to the same step."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            "tools/gpu_check.py",
-            "--allow-cpu",
-            "--batch-size",
-            "4",
-            "--micro-batch-size",
-            "2",
-            "--seq-length",
-            "32",
-            "--stages",
-            "param-gather,checkpoint",
-            "--workdir",
-            str(tmp_path),
-            "model=tiny",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("gpu_check ")]
-    assert len(lines) == 2 and all(": ok (" in line for line in lines), lines
-    before = float(lines[0].split("(up to ")[1].split()[0])
-    assert "weights within 0 of the synchronous step's" in lines[0] and before > 1e-3, lines[0]
+    torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()))
+    lines = run_check(tmp_path, "--stages", "param-gather,checkpoint", launcher=torchrun)
+    assert sorted(lines) == ["checkpoint", "param-gather"]
+    assert all(": ok (" in line for line in lines.values()), lines
+    gather = lines["param-gather"]
+    assert "weights within 0 of the synchronous step's" in gather, gather
+    assert float(gather.split("(up to ")[1].split()[0]) > 1e-3  # the case shows a deferred update
 
 
 def test_without_a_gpu_it_says_so_and_exits_2() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dapo_megatron import config as C
 from dapo_megatron.models import fused_kernels, qwen2
 from dapo_megatron.models.fused_kernels import FUSED_KERNELS, describe, fused_kernel_flags
 from tests.conftest import one_gloo_rank
@@ -44,27 +45,17 @@ def test_transformer_engine_layers_without_apex_build_the_output_layer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The policy's config on Transformer Engine layers where apex is missing (this machine stands in for the
-    image without APEX_REF; TE's own fused RoPE is off here too, as TE is absent): megatron-core's output layer,
-    a ColumnParallelLinear in the TE spec as well, builds. With gradient accumulation fusion forced on it
-    raises, as it did on every rank when TE's presence turned every fused kernel on."""
+    image without APEX_REF; TE's own fused RoPE is off here too, as TE is absent): megatron-core's output
+    layer, a ColumnParallelLinear in the TE spec as well, builds. With gradient accumulation fusion forced on
+    it raises, as it did on every rank when TE's presence turned every fused kernel on."""
     import dataclasses
 
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.models.config import ModelConfig
 
     monkeypatch.setattr(qwen2, "resolve_transformer_impl", lambda model, fp8_env=None: "transformer_engine")
-    model = ModelConfig(
-        num_layers=2,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        params_dtype="float32",
-    )
+    model = C.to_job_config(C.compose([])).model  # the tiny preset
     with one_gloo_rank(tmp_path / "store"):
         config = qwen2.transformer_config(model, ParallelConfig())
         assert not config.gradient_accumulation_fusion and config.bias_activation_fusion
