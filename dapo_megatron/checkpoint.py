@@ -15,9 +15,15 @@ Layout on disk (Megatron-LM's convention, so its tools recognise it):
 torch_dist stores every tensor by its global shape, so a checkpoint written under one TP x PP layout
 loads under any other. Training checkpoints store the optimizer there too, under the `training` key (Adam's
 moments and fp32 masters by their parameters' global keys, beside the LR schedule), so a resume may change
-TP, PP and DP; only the RNG states are per rank. A step directory is written under a temporary name and
-renamed once every rank has finished, and the tracker is updated last: a job killed mid-save leaves the
-previous checkpoint intact. Files, directories and the tracker are fsynced before they are relied on.
+TP, PP and DP; only the RNG states are per rank. Saves and loads are fully parallel over the data-parallel
+group (megatron-core's FullyParallelSave/LoadStrategyWrapper): each tensor that DP replicas share is written
+by one of them and read by one of them, in about equal shares, and the distributed optimizer's shards are
+written and read by the ranks that own them (`trainer.optimizer.sharded_optimizer_state`), so no rank holds
+more than it writes and a resume reads the checkpoint about once.
+
+A step directory is written under a temporary name and renamed once every rank has finished, and the tracker
+is updated last: a job killed mid-save leaves the previous checkpoint intact. Files, directories and the
+tracker are fsynced before they are relied on.
 
 A checkpoint is trusted only after it is verified against its manifest (one without a manifest, such as
 tools/convert_hf_to_megatron.py output, needs its `.metadata`). Resolving a checkpoint root follows the
@@ -285,7 +291,7 @@ def save_model(
     if training is not None:
         state[TRAINING_KEY] = training.sharded_state_dict(model_state)
     try:
-        dist_checkpointing.save(state, str(partial))
+        dist_checkpointing.save(state, str(partial), sharded_strategy=_save_strategy())
         if training is not None:
             rank_file = partial / f"rank_{layout.rank:05d}.pt"
             torch.save({"layout": _layout_key(layout), **training.rank_state_dict()}, rank_file)
@@ -361,7 +367,7 @@ def load_training_state(
     rank_state, shared = read_training_files(directory, layout)
     training.check_loadable(dist_checkpointing.load_common_state_dict(str(directory))[TRAINING_KEY])
     template = training.sharded_state_dict(unwrap_model(model).sharded_state_dict(), is_loading=True)
-    loaded = dist_checkpointing.load({TRAINING_KEY: template}, str(directory))
+    loaded = dist_checkpointing.load({TRAINING_KEY: template}, str(directory), _load_strategy(directory))
     training.load_sharded_state_dict(loaded[TRAINING_KEY])
     if rank_state is not None:
         training.load_rank_state_dict(rank_state)
@@ -453,10 +459,48 @@ def load_model(model: torch.nn.Module, path: Path | str) -> Path:
 
     directory = resolve(path)
     inner = unwrap_model(model)
-    state = dist_checkpointing.load(inner.sharded_state_dict(), str(directory))
+    state = dist_checkpointing.load(inner.sharded_state_dict(), str(directory), _load_strategy(directory))
     state.pop(TRAINING_KEY, None)  # the optimizer's non-tensor state, which every load returns
     inner.load_state_dict(state)
     return directory
+
+
+def _spread_over() -> Any:
+    """The data-parallel group over which a save spreads its writes and a load its reads, as Megatron-LM's
+    --ckpt-fully-parallel-save/load do; None without one (a single process, or DP 1)."""
+    import torch
+    from megatron.core import parallel_state
+
+    if not (torch.distributed.is_initialized() and parallel_state.model_parallel_is_initialized()):
+        return None
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return group if torch.distributed.get_world_size(group) > 1 else None
+
+
+def _save_strategy() -> Any:
+    """torch_dist with its writes spread over the DP ranks: a tensor every DP replica holds (the model's
+    weights, a non-distributed optimizer's state) is written by one of them, chosen so that each writes about
+    as much; without it DP rank 0 writes them all (at 32B, TP 8: the ranks of node 0). None: the default."""
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    group = _spread_over()
+    if group is None:
+        return None
+    return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy("torch_dist"), group)
+
+
+def _load_strategy(directory: Path) -> Any:
+    """torch_dist with its reads spread over the DP ranks: each tensor that several DP ranks need is read by
+    one of them and sent to the others, so a resume reads the checkpoint about once instead of once per DP
+    replica. None: the default."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    group = _spread_over()
+    if group is None:
+        return None
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(directory)), group)
 
 
 def _write_atomically(path: Path, text: str) -> None:

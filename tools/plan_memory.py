@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""GPU memory per rank and phase of a training job, from its config alone (no GPU, nothing allocated).
+"""GPU memory per rank and phase of a training job, its checkpoint (bytes in all and per rank, host memory,
+save and load times) and the lead its time-limit stop signal needs, from its config alone (no GPU, nothing
+allocated).
 
 Runs `dapo-plan-memory` (dapo_megatron/commands/plan_memory.py, where its options are documented), so that
 `python tools/plan_memory.py ...` keeps working from a checkout.

@@ -4,8 +4,9 @@
         parallel.tensor_model_parallel_size=4 cluster.gpu_memory_gib=141 trainer.micro_batch_size=2]
 
 Takes the trainer's own overrides; the GPUs come from `cluster.nodes`, `cluster.gpus_per_node` and
-`cluster.gpu_memory_gib`. Prints, for the busiest rank, what each phase (training, rollout, weight sync)
-holds, whether it fits, and the nearest layout that fits when it does not. Exit status: 0 fits,
+`cluster.gpu_memory_gib`. Prints, for the busiest rank, what each phase (training, rollout, weight sync,
+checkpoint) holds, whether it fits, and the nearest layout that fits when it does not; then the checkpoint's
+bytes, host memory and times, and the lead the time-limit signal needs. Exit status: 0 fits,
 1 does not fit, 2 invalid config. The formulas and their sources: dapo_megatron/planning/memory.py.
 """
 

@@ -94,6 +94,28 @@ class ClusterConfig:
     """Per-GPU memory the planner sets aside for the trainer's and the engine's CUDA contexts (about 0.5 GiB
     each), NCCL communicator buffers and allocator fragmentation: an estimate; replace it with what
     `nvidia-smi` shows beyond torch.cuda.memory_reserved() on your cluster."""
+    cuda_context_gib: float = 0.5
+    """GPU memory one more process's CUDA context takes on a GPU: the planner counts one for each engine TP
+    worker that opens a weight bucket on another rank's GPU (`planning.memory.foreign_cuda_contexts`).
+    ~0.5 GiB is the usual size of a CUDA 12 context with cuBLAS and NCCL loaded on an H100; replace it with
+    what `nvidia-smi` shows per extra process on your GPUs."""
+    storage_write_gb_per_s: float = 2.0
+    """Write bandwidth from one node to the checkpoint filesystem, in GB/s, all its ranks writing at once.
+    2 GB/s is the modest end of a shared parallel filesystem's per-client rate (a Lustre or GPFS client on
+    a 200-400 Gb/s storage link writes several GB/s when it is not shared), and roughly what a 16-node job
+    gets of a filesystem that sustains ~32 GB/s in all: an assumption, never measured here; set the
+    cluster's own figure (the checkpoint save time and the time-limit lead scale with it)."""
+    storage_read_gb_per_s: float = 4.0
+    """Read bandwidth from the checkpoint filesystem to one node, in GB/s (reads are typically about twice
+    as fast as writes on parallel filesystems): an assumption like storage_write_gb_per_s."""
+    train_mfu: float = 0.25
+    """Model FLOPs utilisation the planner assumes for the policy update (the `perf/mfu/actor` the trainer
+    logs and tools/gpu_check.py measures: model FLOPs over the GPUs' dense peak, recompute not credited). A
+    quarter of the peak is below what Megatron-LM reaches on dense GPT pretraining at this scale: variable-
+    length packed rows, full recompute and TP 8 communication lower it, and the time-limit lead must not fall
+    short, so the assumption errs low. Replace it with the job's measured perf/mfu/actor."""
+    gpu_peak_tflops: float = 989.0
+    """Dense bf16 tensor-core peak of one GPU in TFLOP/s (H100 SXM: 989; `flops.PEAK_TFLOPS` lists others)."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node"):
@@ -105,6 +127,16 @@ class ClusterConfig:
             raise ValueError(
                 f"cluster.reserved_gib must be in [0, cluster.gpu_memory_gib); got {self.reserved_gib}."
             )
+        if not 0 <= self.cuda_context_gib < self.gpu_memory_gib:
+            raise ValueError(
+                "cluster.cuda_context_gib must be in [0, cluster.gpu_memory_gib); "
+                f"got {self.cuda_context_gib}."
+            )
+        for name in ("storage_write_gb_per_s", "storage_read_gb_per_s", "gpu_peak_tflops"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"cluster.{name} must be > 0; got {getattr(self, name)}.")
+        if not 0 < self.train_mfu <= 1:
+            raise ValueError(f"cluster.train_mfu must be in (0, 1]; got {self.train_mfu}.")
 
     @property
     def world_size(self) -> int:

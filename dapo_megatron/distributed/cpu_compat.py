@@ -4,7 +4,8 @@ megatron-core assumes CUDA in a handful of places (each module and function is l
 `_SCOPED_MODULES` and `_TENSOR_METHOD_SITES`): `device="cuda"` literals in the pipeline schedules,
 optimizer and grad clipping; `torch.cuda.current_device()` as a device argument (RoPE, p2p,
 grad buffers, checkpoint saver); `torch.cuda.synchronize()`; CUDA RNG states in the tensor-parallel
-RNG tracker; `Tensor.cuda()`; and string checks such as `param.type() == "torch.cuda.FloatTensor"`.
+RNG tracker; `Tensor.cuda()` (also in the fully parallel checkpoint load's exchange); and string checks
+such as `param.type() == "torch.cuda.FloatTensor"`.
 
 `apply()` redirects exactly those, and does nothing when CUDA is available, so the GPU path runs
 untouched. Nothing in site-packages is edited. Two mechanisms, chosen so the model's forward and
@@ -47,6 +48,7 @@ _SCOPED_MODULES = (
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
     "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
 )
 
 # Modules on the forward/backward path whose only CUDA assumption is `torch.cuda.current_device()` as
@@ -64,6 +66,7 @@ _TENSOR_METHOD_SITES = (
     ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.__init__"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.get_parameter_state_dp_zero"),
+    ("megatron.core.dist_checkpointing.exchange_utils", "exchange_loaded_tensors_broadcast"),
     (
         "megatron.core.models.common.language_module.language_module",
         "LanguageModule.setup_embeddings_and_output_layer",

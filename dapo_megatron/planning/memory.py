@@ -1,6 +1,6 @@
 """GPU memory of one rank, per phase of a DAPO step, computed from the config alone (no torch, no GPU).
 
-Three phases share each GPU (see `rollout/fleet.py`):
+Four phases share each GPU (see `rollout/fleet.py` and the loop in `train.py`):
 
 * **training**: the SGLang engine has released its weights and KV cache (`release_memory`); the trainer
   holds its persistent state plus the activations of the micro-batches in flight.
@@ -9,6 +9,14 @@ Three phases share each GPU (see `rollout/fleet.py`):
   nothing: that state waits in host memory (`trainer/offload.py`). The plan shows the phase both ways.
 * **weight sync**: the engine's weights are back, its KV cache not yet; the trainer gathers full tensors
   into buckets of `rollout.sync_bucket_mb`.
+* **checkpoint**: between the update and the weight sync, the engine's memory still released: the trainer's
+  persistent state and nothing else. torch_dist stages what a rank writes in host memory, not on the GPU
+  (`planning/checkpoint.py` has the checkpoint's bytes, host memory and time).
+
+Besides its own trainer rank and engine worker, a GPU can hold other processes' CUDA contexts: with
+`rollout.sync_method=tensor` every TP worker of an engine opens the weight buckets, which live on the GPU of
+the engine's first TP rank, through CUDA IPC, and so creates a context on that GPU
+(`foreign_cuda_contexts`); they stay for the processes' lifetime, in every phase after the first sync.
 
 Sources of the byte counts:
 
@@ -65,6 +73,7 @@ FP32 = 4
 OPTIMIZER_MOMENTS = {"adam": 2, "sgd": 1}
 """fp32 state tensors per trained element: Adam's exp_avg and exp_avg_sq; SGD's momentum buffer."""
 RESERVED = "reserved (CUDA contexts, NCCL, fragmentation)"
+FOREIGN_CONTEXTS = "engine workers' CUDA contexts (IPC)"
 HOST_DEVICE_GB_PER_S = 25.0
 """Pinned host <-> GPU copy bandwidth per GPU and direction in GB/s, all GPUs of a node copying at once: half
 of the ~50 GB/s one H100's PCIe Gen5 x16 link reaches alone (64 GB/s raw), since the eight GPUs share PCIe
@@ -86,6 +95,8 @@ class ParamSpec:
     dtype: str
     shared_embedding: bool = False
     """A tied embedding split over pipeline stages (megatron gives it its own bucket)."""
+    tp_replicated: bool = False
+    """Every TP rank holds the whole tensor (the norms): a checkpoint stores it once."""
 
 
 def planned_transformer_impl(model: ModelConfig) -> str:
@@ -130,22 +141,24 @@ def stage_parameters(model: ModelConfig, *, tp: int, pp: int, pp_rank: int) -> l
         ]
         if local:
             params += [
-                ParamSpec(prefix + "input_layernorm.weight", h, norm_dtype),
+                ParamSpec(prefix + "input_layernorm.weight", h, norm_dtype, tp_replicated=True),
                 proj_spec,
                 *qkv,
-                ParamSpec(prefix + "pre_mlp_layernorm.weight", h, norm_dtype),
+                ParamSpec(prefix + "pre_mlp_layernorm.weight", h, norm_dtype, tp_replicated=True),
                 *fc,
             ]
         else:
             params += [
                 proj_spec,
-                ParamSpec(prefix + "self_attention.linear_qkv.layer_norm_weight", h, norm_dtype),
+                ParamSpec(
+                    prefix + "self_attention.linear_qkv.layer_norm_weight", h, norm_dtype, tp_replicated=True
+                ),
                 *qkv,
-                ParamSpec(prefix + "mlp.linear_fc1.layer_norm_weight", h, norm_dtype),
+                ParamSpec(prefix + "mlp.linear_fc1.layer_norm_weight", h, norm_dtype, tp_replicated=True),
                 *fc,
             ]
     if last:
-        params.append(ParamSpec("decoder.final_layernorm.weight", h, norm_dtype))
+        params.append(ParamSpec("decoder.final_layernorm.weight", h, norm_dtype, tp_replicated=True))
         if not (model.tie_word_embeddings and pp == 1):  # one stage: the output layer reuses the embedding
             params.append(
                 ParamSpec("output_layer.weight", vocab_rows * h, dtype, shared_embedding=tied_across_stages)
@@ -257,6 +270,11 @@ class StateBytes:
         return self.parameters + self.gradients + self.main_parameters
 
 
+def ddp_bucket_size(parallel: ParallelConfig, dp: int, pp_rank: int) -> int | None:
+    """Elements per gradient bucket megatron DDP uses on stage `pp_rank` (None: one bucket per buffer)."""
+    return max(40_000_000, 1_000_000 * dp) if parallel.overlap_grad_reduce and pp_rank == 0 else None
+
+
 def stage_state_bytes(
     model: ModelConfig, parallel: ParallelConfig, *, dp: int, pp_rank: int, optimizer: str = "adam"
 ) -> list[StateBytes]:
@@ -265,8 +283,9 @@ def stage_state_bytes(
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     params = stage_parameters(model, tp=tp, pp=pp, pp_rank=pp_rank)
     distributed = parallel.use_distributed_optimizer
-    bucket_size = max(40_000_000, 1_000_000 * dp) if parallel.overlap_grad_reduce and pp_rank == 0 else None
-    buffers = grad_buffers(params, dp=dp, distributed_optimizer=distributed, bucket_size=bucket_size)
+    buffers = grad_buffers(
+        params, dp=dp, distributed_optimizer=distributed, bucket_size=ddp_bucket_size(parallel, dp, pp_rank)
+    )
     states = []
     for dp_rank in range(dp):
         parameters = gradients = main = trained = 0
@@ -513,6 +532,16 @@ class MemoryPlan:
         return not self.problems
 
 
+def foreign_cuda_contexts(job: JobConfig) -> int:
+    """CUDA contexts other processes open on the GPU of an engine's first TP rank: with
+    `rollout.sync_method=tensor` the trainer rank there puts each weight bucket in its own GPU memory and
+    sends every TP worker of the engine a CUDA IPC handle to it; SGLang's `update_weights_from_tensor`
+    rebuilds the tensor where it lives, so each of the engine_tp_size - 1 workers on other GPUs opens a
+    context on this one (and keeps it while it runs). `distributed` moves the buckets through a gloo group,
+    host memory: none."""
+    return job.rollout.engine_tp_size - 1 if job.rollout.sync_method == "tensor" else 0
+
+
 def data_parallel_size(job: JobConfig) -> int:
     return job.cluster.world_size // job.parallel.model_parallel_size
 
@@ -581,6 +610,9 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
         ("gradients (fp32 buffers)", state.gradients),
         ("optimizer (fp32 main params + moments)", state.optimizer),
     )
+    # Opened at the first weight sync, after the engine sized its KV cache: on top of it, not out of it.
+    context_bytes = foreign_cuda_contexts(job) * int(job.cluster.cuda_context_gib * GIB)
+    contexts = ((FOREIGN_CONTEXTS, context_bytes),) if context_bytes else ()
 
     def rollout_phase(offloaded: bool) -> tuple[Phase, int]:
         """The rollout phase and the engine's KV-cache tokens, with the trainer's state offloaded or not."""
@@ -593,6 +625,7 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
             *(() if offloaded else trainer_state),
             ("engine weights", weights),
             ("engine KV cache", max(engine_static - weights, 0)),
+            *contexts,
             (RESERVED, reserved),
         )
         return Phase("rollout", items), kv_tokens
@@ -603,7 +636,13 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
     phases = (
         Phase(
             "training",
-            (*trainer_state, ("activations", act.layers), ("logits", act.logits), (RESERVED, reserved)),
+            (
+                *trainer_state,
+                ("activations", act.layers),
+                ("logits", act.logits),
+                *contexts,
+                (RESERVED, reserved),
+            ),
         ),
         rollout_now,
         Phase(
@@ -612,9 +651,11 @@ def _rank_plan(job: JobConfig, states: StageStates, pp_rank: int, dp_rank: int) 
                 *trainer_state,
                 ("engine weights", weights),
                 ("sync buckets (trainer + engine copy)", 2 * rollout.sync_bucket_mb * 2**20),
+                *contexts,
                 (RESERVED, reserved),
             ),
         ),
+        Phase("checkpoint", (*trainer_state, *contexts, (RESERVED, reserved))),
     )
     return MemoryPlan(
         capacity=capacity,

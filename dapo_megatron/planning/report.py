@@ -1,17 +1,21 @@
-"""What the dry run and `tools/plan_memory.py` print: where every rank sits, and the memory plan.
+"""What the dry run and `tools/plan_memory.py` print: where every rank sits, the memory plan, the checkpoint
+and the time-limit lead.
 
 The dry run (`python -m dapo_megatron.train experiment=... dry_run=true`) validates the config for the
 world size of `cluster.*` and prints both, with no GPU, no process group and no weights: the rank
 coordinates come from megatron-core's own `RankGenerator` (the order `initialize_model_parallel` uses),
-the memory from `planning.memory`'s arithmetic.
+the memory from `planning.memory`'s arithmetic, the checkpoint from `planning.checkpoint`'s and the lead from
+`planning.stop`'s.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dapo_megatron.planning.checkpoint import GB, CheckpointPlan, plan_checkpoint
 from dapo_megatron.planning.memory import (
     GIB,
     HOST_DEVICE_GB_PER_S,
@@ -20,6 +24,7 @@ from dapo_megatron.planning.memory import (
     plan_memory,
     suggest_layout,
 )
+from dapo_megatron.planning.stop import WEIGHT_SYNC_GB_PER_S, StopLead, plan_stop_lead
 from dapo_megatron.rollout.placement import engine_placement
 
 if TYPE_CHECKING:
@@ -193,6 +198,37 @@ def format_offload(plan: MemoryPlan) -> str:
     )
 
 
+def format_checkpoint(checkpoint: CheckpointPlan) -> str:
+    """The checkpoint's bytes, who writes them, the host memory a save and a load hold, and their times."""
+    total, weights, optimizer = checkpoint.total / GB, checkpoint.weights / GB, checkpoint.optimizer / GB
+    per_rank, per_node = checkpoint.written_per_rank / GB, checkpoint.written_per_node / GB
+    bandwidths = "cluster.storage_write_gb_per_s and storage_read_gb_per_s, assumed"
+    return (
+        f"checkpoint: {total:.1f} GB (weights {weights:.1f} + optimizer {optimizer:.1f}), each tensor "
+        f"written once, by every rank: {per_rank:.2f} GB per rank, {per_node:.1f} GB per node; host memory "
+        f"per rank {checkpoint.save_host_bytes / GIB:.2f} GiB while saving (torch_dist stages what a rank "
+        f"writes), {checkpoint.load_host_bytes / GIB:.2f} GiB while loading (one stored chunk at a time); "
+        f"save ~{checkpoint.save_seconds:.0f} s at {checkpoint.write_gb_per_s:g} GB/s per node, load "
+        f"~{checkpoint.load_seconds:.0f} s at {checkpoint.read_gb_per_s:g} GB/s ({bandwidths}); a resume "
+        f"reads {checkpoint.resume_read_bytes / GB:.1f} GB"
+    )
+
+
+def format_stop_lead(job: JobConfig, lead: StopLead) -> str:
+    """The time-limit lead the stop signal needs, and its parts."""
+    cluster = job.cluster
+    rollouts = job.trainer.train_batch_size * job.rollout.n_samples_per_prompt
+    old_log_probs = f" + {lead.old_log_prob_flops:.3g} old log-prob" if lead.old_log_prob_flops else ""
+    rate = f"{cluster.train_mfu:.0%} MFU of {cluster.gpu_peak_tflops:g} TFLOP/s x {cluster.world_size} GPUs"
+    return (
+        f"time-limit stop: the signal needs {math.ceil(lead.lead_s)} s before the limit (#SBATCH "
+        f"--signal=B:USR1@N with N >= that): update {lead.update_s:.0f} s ({rollouts} full-length rollouts, "
+        f"{lead.train_flops:.3g}{old_log_probs} FLOPs at {rate}, cluster.train_mfu assumed), checkpoint save "
+        f"{lead.save_s:.0f} s, weight sync {lead.sync_s:.0f} s (at {WEIGHT_SYNC_GB_PER_S:g} GB/s, assumed), "
+        f"state moves {lead.state_moves_s:.0f} s, margin {lead.margin_s:.0f} s"
+    )
+
+
 def format_verdict(job: JobConfig, plan: MemoryPlan) -> str:
     if plan.fits:
         return f"fits: peak {plan.peak.total / GIB:.1f} GiB of {plan.capacity / GIB:g} GiB ({plan.peak.name})"
@@ -229,11 +265,13 @@ def report(job: JobConfig, *, show_ranks: bool) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    plan = plan_memory(job)
+    plan, checkpoint = plan_memory(job), plan_checkpoint(job)
     print(describe_layout(job))
     if show_ranks:
         print(format_placements(job, rank_placements(job)))
     print(format_plan(job, plan))
+    print(format_checkpoint(checkpoint))
+    print(format_stop_lead(job, plan_stop_lead(job, plan, checkpoint)))
     print(format_verdict(job, plan))
     return 0 if plan.fits else 1
 

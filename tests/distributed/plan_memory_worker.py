@@ -1,17 +1,22 @@
 """What megatron-core really allocates for a tiny bf16 Qwen2 under TP2, PP2 and DP2, with and without the
-distributed optimizer (run under torchrun with 2 processes; writes one JSON for all layouts).
+distributed optimizer, and what a training checkpoint of it writes (run under torchrun with 2 processes;
+writes one JSON for all layouts).
 
 Per rank and layout: bytes of the parameters, of the gradient buffers (`main_grad`), of the optimizer's
 fp32 main parameters and of its state tensors after one step. Each is the sum over distinct storages,
 so views into megatron's flat buffers count once, with their padding. The gradients are filled with
-noise instead of a backward pass: the byte counts do not depend on where gradients come from.
+noise instead of a backward pass: the byte counts do not depend on where gradients come from. Then a
+training checkpoint (`checkpoint.save_model`): the bytes of the tensor chunks each rank's files hold, read
+from the checkpoint's metadata (the files also hold torch's framing of each chunk).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -42,12 +47,32 @@ def storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[int] = frozenset
     return sum(size for pointer, size in storages.items() if pointer not in exclude)
 
 
-def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool) -> dict:
+def written_tensor_bytes(directory: Path) -> dict[int, int]:
+    """Rank -> bytes of the tensor chunks stored in that rank's files of the torch_dist checkpoint."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(directory)).read_metadata()
+    written: dict[int, int] = {}
+    for index, where in metadata.storage_data.items():
+        entry = metadata.state_dict_metadata[index.fqn]
+        if not isinstance(entry, TensorStorageMetadata):
+            continue
+        [chunk] = [c for c in entry.chunks if c.offsets == index.offset]
+        rank = int(re.match(r"__(\d+)_", where.relative_path).group(1))
+        written[rank] = written.get(rank, 0) + chunk.sizes.numel() * entry.properties.dtype.itemsize
+    return written
+
+
+def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool, root: Path) -> dict:
     from megatron.core import parallel_state
 
+    from dapo_megatron import checkpoint
+    from dapo_megatron.algo.config import AlgoConfig
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.distributed.layout import initialize
     from dapo_megatron.models.qwen2 import build_gpt_model
+    from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
@@ -61,10 +86,12 @@ def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool) -> dict:
     )
     layout = initialize(parallel, seed=3)
     ddp = wrap_for_training(build_gpt_model(cfg, parallel, layout), parallel)
-    optimizer, _ = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
+    optimizer, scheduler = build_optimizer(ddp, OptimConfig(lr=1e-3), parallel, cfg)
     for buffer in ddp.buffers:
         buffer.grad_data.normal_()
     optimizer.step()
+    actor = Actor(ddp, optimizer, scheduler, AlgoConfig(), layout, vocab_size=cfg.vocab_size)
+    saved = checkpoint.save_model(ddp, root, 1, cfg, layout, training=actor, shared_state={"step": 1})
 
     params = list(ddp.module.parameters())
     model_storages = {p.untyped_storage().data_ptr() for p in params}
@@ -83,6 +110,7 @@ def measure(tp: int, pp: int, distributed_optimizer: bool, tied: bool) -> dict:
         "other_state": storage_bytes(
             v for s in states for k, v in s.items() if k not in ("exp_avg", "exp_avg_sq") and v.numel() > 1
         ),
+        "checkpoint_written": written_tensor_bytes(saved).get(layout.rank, 0),
     }
 
 
@@ -101,7 +129,13 @@ def main() -> None:
                 "pp": pp,
                 "distributed_optimizer": distributed_optimizer,
                 "tied": tied,
-                "measured": measure(tp, pp, distributed_optimizer, tied),
+                "measured": measure(
+                    tp,
+                    pp,
+                    distributed_optimizer,
+                    tied,
+                    Path(args.out).parent / f"{name}-{distributed_optimizer}",
+                ),
             }
     gathered: list[dict | None] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, results)

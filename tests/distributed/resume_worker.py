@@ -29,8 +29,9 @@ import torch
 from equivalence_worker import dapo_rows, model_config
 
 # (name, parameter dtype, layout X, layout Y) with ParallelConfig keyword arguments, for two processes. bf16
-# parameters beside the local layers' fp32 norms take megatron-core's mixed-precision optimizer, whose fp32
-# masters are saved too; in one layout its resume is bit-exact.
+# parameters beside the local layers' fp32 norms take megatron-core's mixed-precision optimizer, or with the
+# distributed optimizer parameter groups that mix fp32 and bf16 shards; their fp32 masters are saved too, and
+# in one layout the resume is bit-exact.
 RESHARD_CASES = (
     (
         "zero1_dp2_to_tp2",
@@ -40,6 +41,7 @@ RESHARD_CASES = (
     ),
     ("tp2_to_pp2", "float32", {"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}),
     ("bf16_tp2", "bfloat16", {"tensor_model_parallel_size": 2}, {"tensor_model_parallel_size": 2}),
+    ("bf16_zero1_dp2", "bfloat16", {"use_distributed_optimizer": True}, {"use_distributed_optimizer": True}),
 )
 
 

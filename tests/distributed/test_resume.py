@@ -37,12 +37,14 @@ def test_resumed_steps_equal_uninterrupted_ones(tmp_path: Path, layout: list[str
 def test_a_resume_under_another_layout_makes_the_uninterrupted_update(tmp_path: Path) -> None:
     """ZeRO-1 at DP2 -> TP2 and TP2 -> PP2 (`resume_worker.RESHARD_CASES`): after the resume's step, the
     weights are those of an uninterrupted run under the new layout, which zeroed Adam moments are not. bf16
-    at TP2: the mixed-precision optimizer's masters and moments come back bit-exactly."""
+    at TP2, and at DP2 with the distributed optimizer (parameter groups mixing fp32 norms and bf16 weights):
+    the fp32 masters and moments come back bit-exactly."""
     torchrun(WORKER, 2, "--mode", "reshard", "--dir", str(tmp_path))
     results = torch.load(tmp_path / "reshard.pt")
-    assert sorted(results) == ["bf16_tp2", "tp2_to_pp2", "zero1_dp2_to_tp2"]
-    for name, expected in results["bf16_tp2"]["uninterrupted"].items():
-        assert torch.equal(results["bf16_tp2"]["resumed"][name], expected), name
+    assert sorted(results) == ["bf16_tp2", "bf16_zero1_dp2", "tp2_to_pp2", "zero1_dp2_to_tp2"]
+    for case in ("bf16_tp2", "bf16_zero1_dp2"):
+        for name, expected in results[case]["uninterrupted"].items():
+            assert torch.equal(results[case]["resumed"][name], expected), (case, name)
     for case, weights in results.items():
         assert checkpoint.verify(checkpoint.step_dir(tmp_path / case / "checkpoints", 2)) is None
         for name, expected in weights["uninterrupted"].items():

@@ -3,6 +3,7 @@ planned for and prints each rank's place, without GPUs, process groups or weight
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -11,6 +12,9 @@ import pytest
 import torch
 
 from dapo_megatron import config as C
+from dapo_megatron.planning.checkpoint import plan_checkpoint
+from dapo_megatron.planning.memory import plan_memory
+from dapo_megatron.planning.stop import plan_stop_lead
 from dapo_megatron.train import main as train_main
 from tests.conftest import REPO
 
@@ -52,6 +56,27 @@ def test_32b_dry_run_in_a_fresh_process() -> None:
     result = dry_run("experiment=dapo_qwen2.5_32b")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     check_rank_table("dapo_qwen2.5_32b", result.stdout)
+    check_checkpoint_and_stop_lead(result.stdout)
+
+
+def check_checkpoint_and_stop_lead(stdout: str) -> None:
+    """The 32B checkpoint (planning/checkpoint.py): its phase's GPU memory, its bytes in all and per rank,
+    the host memory of a save and a load, their times; the stop signal's lead (planning/stop.py)."""
+    assert re.search(r"^GiB per GPU .* checkpoint$", stdout, flags=re.MULTILINE)
+    assert re.search(r"^total of 80( +[\d.]+){4}$", stdout, flags=re.MULTILINE)
+    checkpoint = re.search(
+        r"^checkpoint: 458\.7 GB \(weights 65\.5 \+ optimizer 393\.2\), each tensor written once, by every "
+        r"rank: 3\.58 GB per rank, 28\.7 GB per node; host memory per rank 3\.34 GiB while saving .*, "
+        r"0\.18 GiB while loading .*; save ~14 s at 2 GB/s per node, load ~7 s at 4 GB/s .*; a resume reads "
+        r"458\.7 GB$",
+        stdout,
+        flags=re.MULTILINE,
+    )
+    assert checkpoint, stdout
+    job = C.to_job_config(C.compose(["experiment=dapo_qwen2.5_32b"]))
+    planned = math.ceil(plan_stop_lead(job, plan_memory(job), plan_checkpoint(job)).lead_s)
+    assert f"\ntime-limit stop: the signal needs {planned} s before the limit (#SBATCH" in stdout
+    assert re.search(r"engine workers' CUDA contexts \(IPC\) +1\.50 +1\.50 +1\.50 +1\.50$", stdout, re.M)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

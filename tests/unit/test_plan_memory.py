@@ -273,3 +273,131 @@ def test_rank_placement_follows_megatron_order() -> None:
 
 def test_memory_module_imports_no_torch() -> None:
     assert_import_is_light("dapo_megatron.planning.memory", ("torch", "megatron", "sglang"))
+
+
+# ------------------------------------------------------------------------------ checkpoint, contexts, stop
+
+
+def test_optimizer_checkpoint_bytes_per_element() -> None:
+    from dapo_megatron.planning.checkpoint import optimizer_bytes_per_element
+
+    # Adam's two fp32 moments, plus the fp32 main parameter of a 16-bit parameter; the distributed optimizer
+    # stores a main parameter for fp32 parameters too (a view of the parameter, under its own key).
+    assert optimizer_bytes_per_element("bfloat16", distributed=False) == 12
+    assert optimizer_bytes_per_element("float32", distributed=False) == 8
+    assert optimizer_bytes_per_element("float32", distributed=True) == 12
+    assert optimizer_bytes_per_element("bfloat16", distributed=True, optimizer="sgd") == 8
+
+
+def test_stage_checkpoint_by_hand() -> None:
+    from dapo_megatron.planning.checkpoint import StageCheckpoint, stage_checkpoint
+
+    one_layer = dataclasses.replace(SMALL, num_layers=1)
+    numel, norms = 53568, 3 * 64  # the parameters counted above; TE's two fused norms and the final norm
+    # One rank: 2 bytes of bf16 weight and 12 of optimizer state per parameter, all written by it; the largest
+    # stored chunk is one of FC1's (256 x 64) fp32 optimizer tensors.
+    assert stage_checkpoint(one_layer, ParallelConfig(), dp=1, pp_rank=0) == StageCheckpoint(
+        weights=2 * numel, optimizer=12 * numel, written=(14 * numel,), largest_chunk=4 * 16384
+    )
+    # TP 2: the norms are stored once, by TP rank 0, which also writes its half of every matrix.
+    tp2 = stage_checkpoint(one_layer, ParallelConfig(tensor_model_parallel_size=2), dp=1, pp_rank=0)
+    assert (tp2.weights, tp2.optimizer) == (2 * numel, 12 * numel)
+    assert tp2.written == (14 * ((numel - norms) // 2 + norms),)
+    # ZeRO-1 at DP 2: the buffer (reverse order, no alignment padding here) is padded to 53632 = 419 x 128
+    # and split at 26816: DP rank 0 owns 26816 parameter elements, DP rank 1 the other 26752. Each writes half
+    # of the weights and its own optimizer shard: every byte once. FC1 (elements 16448-32832) is cut at
+    # 26816: DP rank 0's part, 10368 fp32 elements per tensor, is the largest chunk.
+    zero1 = stage_checkpoint(one_layer, ParallelConfig(use_distributed_optimizer=True), dp=2, pp_rank=0)
+    assert zero1.written == (numel + 12 * 26816, numel + 12 * 26752)
+    assert sum(zero1.written) == 14 * numel
+    assert zero1.largest_chunk == 4 * 10368
+
+
+def test_the_32b_checkpoint_is_written_by_every_rank() -> None:
+    from dapo_megatron.planning.checkpoint import plan_checkpoint
+
+    plan, n = plan_checkpoint(job()), job().model.num_parameters()
+    # Qwen's vocab needs no padding at TP 8 and TE's norms are bf16: 2 + 12 bytes per parameter, 458.7 GB.
+    assert (plan.weights, plan.optimizer) == (2 * n, 12 * n)
+    assert plan.total == plan.resume_read_bytes == pytest.approx(458.694e9, rel=1e-5)
+    # 128 ranks share it evenly (to the distributed optimizer's padding): 3.58 GB each, held in host memory
+    # while they save; a node's 8 write 28.7 GB, 14.3 s at 2 GB/s, and read it back in 7.2 s at 4 GB/s.
+    assert plan.total / 128 <= plan.written_per_rank == plan.save_host_bytes <= 1.001 * plan.total / 128
+    assert plan.written_per_node == 8 * plan.written_per_rank
+    assert plan.save_seconds == pytest.approx(plan.written_per_node / 2e9) == pytest.approx(14.34, abs=0.01)
+    assert plan.load_seconds == pytest.approx(plan.written_per_node / 4e9) == pytest.approx(7.17, abs=0.01)
+    assert plan_checkpoint(job("cluster.storage_write_gb_per_s=4")).save_seconds == plan.save_seconds / 2
+    # A load holds one stored chunk: the largest is a TP shard of the embedding, 152064 / 8 x 5120 bf16.
+    assert plan.load_host_bytes == 152064 // 8 * 5120 * 2
+
+
+def test_engine_tp_workers_contexts_are_counted_on_the_gpu_they_open() -> None:
+    """rollout.sync_method=tensor: each of an engine's other TP workers opens a CUDA context on the GPU of its
+    first rank (cluster.cuda_context_gib each), from the first sync on, in every phase; none for gloo."""
+    plan = M.plan_memory(job())
+    assert M.foreign_cuda_contexts(job()) == 3  # engine TP 4
+    for phase in plan.phases:
+        assert dict(phase.items)[M.FOREIGN_CONTEXTS] == 3 * M.GIB // 2, phase.name
+    for other in ("rollout.sync_method=distributed", "rollout.engine_tp_size=1"):
+        assert all(M.FOREIGN_CONTEXTS not in dict(p.items) for p in M.plan_memory(job(other)).phases)
+    # Opened after the engine sized its KV cache: they do not shrink it.
+    assert M.plan_memory(job("rollout.sync_method=distributed")).kv_tokens == plan.kv_tokens
+    bigger = M.plan_memory(job("cluster.cuda_context_gib=1"))
+    assert bigger.phases[1].total - plan.phases[1].total == 3 * M.GIB // 2
+
+
+def test_the_checkpoint_phase_holds_the_trainer_state_alone() -> None:
+    """Between the update and the weight sync the engine's memory is released and there are no
+    activations: the trainer's state, the other processes' contexts and the reserve."""
+    plan = M.plan_memory(job())
+    checkpoint = {phase.name: phase for phase in plan.phases}["checkpoint"]
+    assert dict(checkpoint.items) == {
+        "parameters": plan.state.parameters,
+        "gradients (fp32 buffers)": plan.state.gradients,
+        "optimizer (fp32 main params + moments)": plan.state.optimizer,
+        M.FOREIGN_CONTEXTS: 3 * M.GIB // 2,
+        M.RESERVED: 4 * M.GIB,
+    }
+    assert checkpoint.total < plan.phases[0].total
+
+
+def test_stop_lead_by_hand() -> None:
+    """The 0.5B recipe on one H100: 32 prompts x 16 rollouts of 1024 + 4096 tokens, 4 optimizer steps (so an
+    old log-prob forward pass), no offload."""
+    from dapo_megatron.planning.checkpoint import plan_checkpoint
+    from dapo_megatron.planning.stop import plan_stop_lead
+
+    small = C.to_job_config(C.compose(["experiment=dapo_qwen2.5_0.5b"]))
+    # N = 24 x (896 x 1152 + 896 x 896 + 896 x 9728 + 4864 x 896) + 896 x 151936 = 493,961,216; per rollout
+    # of s = 5120: 6 N s + 12 x 24 x 896 x s^2 = 1.51745e13 + 6.7646e12 = 2.19391e13 FLOPs; x 512.
+    lead = plan_stop_lead(small, M.plan_memory(small), plan_checkpoint(small))
+    assert lead.train_flops == pytest.approx(512 * 2.19391e13, rel=1e-5)
+    assert lead.old_log_prob_flops == pytest.approx(lead.train_flops / 3)
+    # At 25% of 989 TFLOP/s: 1.49771e16 / 2.4725e14 = 60.57 s.
+    assert lead.update_s == pytest.approx(60.57, abs=0.01)
+    # Save: 0.494e9 parameters x 14 B = 6.916 GB at 2 GB/s; sync: 0.988 GB at 5 GB/s; margin 120 s.
+    assert lead.save_s == pytest.approx(3.458, abs=0.001)
+    assert lead.sync_s == pytest.approx(0.1976, abs=0.0001)
+    assert lead.state_moves_s == 0
+    assert lead.lead_s == pytest.approx(60.57 + 3.458 + 0.1976 + 120, abs=0.01)
+    # One optimizer step per rollout step: no old log-prob pass.
+    single = C.to_job_config(C.compose(["experiment=dapo_qwen2.5_0.5b", "trainer.ppo_mini_batch_size=32"]))
+    assert plan_stop_lead(single, M.plan_memory(single), plan_checkpoint(single)).old_log_prob_flops == 0
+
+
+def test_the_32b_stop_lead_counts_the_state_moves() -> None:
+    from dapo_megatron.planning.checkpoint import plan_checkpoint
+    from dapo_megatron.planning.stop import plan_stop_lead
+
+    plan = M.plan_memory(job())
+    lead = plan_stop_lead(job(), plan, plan_checkpoint(job()))
+    assert lead.state_moves_s == pytest.approx(
+        2 * plan.offload_seconds
+    )  # back before the update, out in the sync
+    assert lead.save_s == plan_checkpoint(job()).save_seconds
+    assert lead.update_s > 1800  # 8192 full-length rollouts of 22528 tokens
+
+
+def test_checkpoint_and_stop_modules_import_no_torch() -> None:
+    assert_import_is_light("dapo_megatron.planning.checkpoint", ("torch", "megatron", "sglang"))
+    assert_import_is_light("dapo_megatron.planning.stop", ("torch", "megatron", "sglang"))
