@@ -49,6 +49,14 @@ fi
 export DAPO_STOP_FILE=$stop_dir/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
 rm -f "$DAPO_STOP_FILE"
 
+# The container gets no home directory (job.sh: --no-container-mount-home, so that ~/.local's packages do not
+# shadow the image's), and $HOME then names a path the image lacks. What caches under it (flashinfer's and
+# torch's compiled kernels) gets a node-local home instead of failing at its first write.
+if [ ! -d "${HOME:-}" ] || [ ! -w "${HOME:-}" ]; then
+  export HOME=$stop_dir/dapo_home_${SLURM_JOB_ID}_${SLURM_NODEID}
+  mkdir -p "$HOME"
+fi
+
 # shellcheck disable=SC2329  # called by the traps
 request_stop() {
   echo "[launch] node ${SLURM_NODEID}: SIG$1: the trainers checkpoint at the next step boundary and exit"

@@ -44,6 +44,8 @@ HERE = Path(__file__).parent
 # line; with STUB_WAIT set, runs until SIGTERM, then takes a second to stop, as ranks that checkpoint do.
 STUB_PYTHON = """#!/usr/bin/env bash
 printf '%s\\n' "$*" > "$FAKE_SLURM_LOG/torchrun.$SLURM_NODEID"
+if [ -d "$HOME" ] && [ -w "$HOME" ]; then echo writable; else echo "not writable: $HOME"; fi \\
+  > "$FAKE_SLURM_LOG/home.$SLURM_NODEID"
 [ -n "${STUB_WAIT:-}" ] || exit 0
 stopped() {
   sleep 1
@@ -299,6 +301,8 @@ def test_sbatch_scripts_start_torchrun_on_every_node(tmp_path: Path, script: Pat
             f"-m dapo_megatron.train experiment={script.stem} trainer.total_steps=3"
         ).split()
         assert f"{node}: [launch] node {node}/{nodes}" in log.read_text()
+        # The container has no home directory; caches under $HOME need one they can write.
+        assert (tmp_path / f"home.{node}").read_text().strip() == "writable"
     assert not requeued(tmp_path) and "left behind" not in log.read_text()
 
 
