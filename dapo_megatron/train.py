@@ -135,6 +135,8 @@ def train(
             -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy), summed
         fleet.sync_weights          rollout/fleet.py       the new weights into every engine, checked
     """
+    import torch
+
     from dapo_megatron.distributed.stop import StopRequest
     from dapo_megatron.trainer.batch import split_rows
     from dapo_megatron.trainer.evaluate import eval_accuracy
@@ -259,6 +261,9 @@ def train(
             fleet.release_memory()
             session.save(step)
             console.info("checkpoint of step %d written", step)
+        # The driving rank may still be using every rank's engine (the last sync's check, the last
+        # evaluation): no rank leaves and shuts its engine down before it is done.
+        torch.distributed.barrier()
         console.info("done at step %d; checkpoints and logs in %s", step, job.output_dir)
 
 
