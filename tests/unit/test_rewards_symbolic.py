@@ -236,3 +236,26 @@ def test_hostile_values_never_equal_an_unrelated_ground_truth(
 ) -> None:
     assert not is_equivalent(hostile, ground_truth, timeout_s=5.0)
     assert not is_equivalent(f"({hostile}, {other})", f"({ground_truth}, 2)", timeout_s=5.0)
+
+
+# Zero in irrational forms that strict evaluation cannot tell from zero at sympy's maximum precision.
+HIDDEN_ZEROS = ["\\frac{1}{1+\\sqrt{2}}-\\sqrt{2}+1", "\\sqrt{2}+\\sqrt{3}-\\sqrt{5+2\\sqrt{6}}"]
+
+
+@pytest.mark.parametrize("zero", HIDDEN_ZEROS)
+@pytest.mark.parametrize("ground_truth", ["540", "7", "\\frac{1}{2}", "(1, 2)", "x+1", "-3", "2\\sqrt{3}"])
+def test_a_zero_scaled_past_every_precision_matches_no_ground_truth(zero: str, ground_truth: str) -> None:
+    """An undecided comparison is not an equality: 10^{400} times an exact zero, plus the ground truth's
+    opposite, used to exhaust sympy's precision and count as equal to anything."""
+    hostile = f"10^{{400}}({zero})"
+    assert not is_equivalent(hostile, ground_truth)
+    assert not is_equivalent(ground_truth, hostile)
+    assert is_equivalent(hostile, "0")  # it is zero, exactly
+
+
+@pytest.mark.parametrize(
+    ("pred", "ground_truth"),
+    [("\\frac{1}{1+\\sqrt{2}}", "\\sqrt{2}-1"), ("\\sqrt{5+2\\sqrt{6}}", "\\sqrt{2}+\\sqrt{3}")],
+)
+def test_equal_irrational_forms_still_match(pred: str, ground_truth: str) -> None:
+    assert is_equivalent(pred, ground_truth) and is_equivalent(ground_truth, pred)
