@@ -312,13 +312,12 @@ def test_a_path_outside_the_mounts_is_refused_before_the_step(tmp_path: Path) ->
     script = SLURM_DIR / "dapo_qwen2.5_32b.sbatch"
     env = with_trainer_stub(cluster_env(tmp_path, 16), tmp_path, wait=False)
     env = {k: v for k, v in env.items() if k != "CONTAINER_MOUNTS"}  # env.sh's default: the repository
-    refused = subprocess.run(
-        ["bash", str(script), "model.hf_dir=/lustre/Qwen2.5-32B"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+
+    def submit(environ: dict[str, str]) -> subprocess.CompletedProcess:
+        command = ["bash", str(script), "model.hf_dir=/lustre/Qwen2.5-32B"]
+        return subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True)
+
+    refused = submit(env)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert refused.stderr.strip() == (
         "[job] model.hf_dir=/lustre/Qwen2.5-32B: /lustre/Qwen2.5-32B is not under "
@@ -330,13 +329,7 @@ def test_a_path_outside_the_mounts_is_refused_before_the_step(tmp_path: Path) ->
     mounted = dict(
         env, CONTAINER_MOUNTS=f"{REPO}:{REPO},{tmp_path}:{tmp_path},{sys.prefix}:{sys.prefix},/lustre:/lustre"
     )
-    started = subprocess.run(
-        ["bash", str(script), "model.hf_dir=/lustre/Qwen2.5-32B"],
-        cwd=REPO,
-        env=mounted,
-        capture_output=True,
-        text=True,
-    )
+    started = submit(mounted)
     assert started.returncode == 0, started.stdout + started.stderr
     assert len(list(tmp_path.glob("torchrun.*"))) == 16
 
