@@ -185,6 +185,8 @@ class Actor:
         self.algo, self.layout = algo, layout
         self.vocab_size, self.temperature = vocab_size, temperature
         self.loss_fn = dapo_loss_fn(algo, layout, vocab_size=vocab_size, temperature=temperature)
+        self.rng_restored = False
+        """Whether a checkpoint gave back this rank's RNG states (one saved under this layout does)."""
 
     def backward(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> list[dict[str, Any]]:
         """Zero the gradient buffers, then accumulate the gradient of the batch loss (finalized: reduced
@@ -257,6 +259,7 @@ class Actor:
 
     def load_rank_state_dict(self, state: dict[str, Any]) -> None:
         set_rng_state(state["rng"])
+        self.rng_restored = True
 
     def train_step(self, rows: PolicyRows, micro_batch_size: int | Sequence[int]) -> dict[str, float]:
         """One optimizer step on `rows` (this rank's share of the batch)."""

@@ -159,7 +159,8 @@ class Session:
             if job.trainer.load:
                 return f"weights from trainer.load {job.trainer.load}; starting at step 0"
             return f"weights from model.hf_dir {job.model.hf_dir}; starting at step 0"
-        restored = ["model", "optimizer and LR schedule", "RNG states (same layout)", "prompt position"]
+        rng = "RNG states" if self.policy.actor.rng_restored else "not the RNG states (another layout)"
+        restored = ["model", "optimizer and LR schedule", rng, "prompt position"]
         backlog = len(self.resumed.get("backlog") or [])
         if backlog:
             restored.append(f"{backlog} carried-over prompts")

@@ -298,6 +298,7 @@ def test_the_recipe_trains_syncs_saves_resumes_and_exports(
         assert order == sorted(order), second[-3000:]
     assert f"resumed from {root / 'iter_0000002'} at step 2" in second
     assert "was written under layout {'world': 4, 'tp': 2, 'pp': 1, 'dp': 2}" in second
+    assert "not the RNG states (another layout)" in second
     assert sorted(records(out)) == [1, 2, *range(3, final + 1)]
     assert checkpoint.list_steps(root) == [2, final]  # keep_last_checkpoints=2
     assert checkpoint.verify(checkpoint.step_dir(root, final)) is None
