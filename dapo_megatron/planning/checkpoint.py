@@ -35,6 +35,7 @@ from dapo_megatron.planning.memory import (
     FP32,
     OPTIMIZER_MOMENTS,
     ParamSpec,
+    buffer_orders,
     data_parallel_size,
     ddp_bucket_size,
     grad_buffers,
@@ -99,7 +100,7 @@ def stage_checkpoint(
     if distributed:
         bucket_size = ddp_bucket_size(parallel, dp, pp_rank)
         buffers = grad_buffers(params, dp=dp, distributed_optimizer=True, bucket_size=bucket_size)
-        for buffer, ordered in zip(buffers, _buffer_orders(params), strict=True):
+        for buffer, ordered in zip(buffers, buffer_orders(params), strict=True):
             for rank in range(dp):
                 for param, owned in zip(ordered, buffer.owned[rank], strict=True):
                     if stored(param):
@@ -111,15 +112,6 @@ def stage_checkpoint(
         written=tuple(-(-replicated // dp) + own[rank] for rank in range(dp)),
         largest_chunk=largest,
     )
-
-
-def _buffer_orders(params: list[ParamSpec]) -> list[list[ParamSpec]]:
-    """The parameters of each of `grad_buffers`' buffers, in its order (one per dtype, first seen first;
-    reversed inside)."""
-    by_dtype: dict[str, list[ParamSpec]] = {}
-    for param in params:
-        by_dtype.setdefault(param.dtype, []).append(param)
-    return [group[::-1] for group in by_dtype.values()]
 
 
 @dataclass(frozen=True)

@@ -181,18 +181,22 @@ class GradBuffer:
     param_numels: tuple[int, ...]
 
 
-def grad_buffers(
-    params: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool, bucket_size: int | None
-) -> list[GradBuffer]:
-    """The buffers megatron DDP builds for `params`: one per parameter dtype, in first-seen order."""
+def buffer_orders(params: Sequence[ParamSpec]) -> list[list[ParamSpec]]:
+    """The parameters of each buffer megatron DDP builds for `params`, in the buffer's order: one buffer per
+    parameter dtype, in first-seen order, its parameters reversed (megatron lays them out roughly in the
+    order backward produces them)."""
     by_dtype: dict[str, list[ParamSpec]] = {}
     for param in params:
         by_dtype.setdefault(param.dtype, []).append(param)
+    return [group[::-1] for group in by_dtype.values()]
+
+
+def grad_buffers(
+    params: Sequence[ParamSpec], *, dp: int, distributed_optimizer: bool, bucket_size: int | None
+) -> list[GradBuffer]:
+    """The buffers megatron DDP builds for `params` (`buffer_orders`)."""
     buffers = []
-    for dtype, group in by_dtype.items():
-        ordered = group[
-            ::-1
-        ]  # megatron lays parameters out in reverse: roughly the order backward produces them
+    for ordered in buffer_orders(params):
         ranges, buckets = _buffer_layout(
             ordered, dp=dp, distributed_optimizer=distributed_optimizer, bucket_size=bucket_size
         )
@@ -204,6 +208,7 @@ def grad_buffers(
                 shard = (hi - lo) // dp
                 mine.append(max(0, min(end, lo + (rank + 1) * shard) - max(start, lo + rank * shard)))
             owned.append(tuple(mine))
+        dtype = ordered[0].dtype
         buffers.append(GradBuffer(dtype, buckets[-1][1], tuple(owned), tuple(p.numel for p in ordered)))
     return buffers
 
