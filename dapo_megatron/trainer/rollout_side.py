@@ -9,7 +9,6 @@ starts it; elsewhere `collect` returns nothing and `training_batch` receives the
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,7 +135,9 @@ class RolloutSide:
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
             return ahead.result()
-        step_start = copy.deepcopy(self.state_dict())
+        # What this step begins from, kept as it is: the position is a fresh dict, and `collect` replaces the
+        # backlog list rather than changing it (its entries are frozen records).
+        step_start = self.state_dict()
         with _watch(stop_seen, self.manager.cancel):
             try:
                 return self.manager.collect()
