@@ -3,7 +3,8 @@
 # when CONTAINER_IMAGE is set), and this script's half of the time-limit stop (slurm/README.md):
 #   sbatch --signal=B:USR1@N  ->  this script relays SIGUSR1 to the job step through srun, which signals
 #   every process of the step  ->  each node's launcher creates its stop file (the rest ignore the signal)
-#   ->  the trainers checkpoint at their next step boundary and exit 0  ->  this script requeues the job
+#   ->  the trainers checkpoint (at the next step boundary, or at once mid-generation) and exit 0  ->  this
+#   script requeues the job
 #   ->  the restart resumes from the newest complete checkpoint (trainer.resume=auto, the default).
 # A SIGTERM (Slurm ending the job, or sent to this shell alone) is relayed the same way. After any relayed
 # stop the job is requeued, whatever the step's exit status: it cannot go on in this allocation, and the

@@ -12,7 +12,7 @@
 # Slurm delivers a signal sent to a job step to every process of the step, not only this script:
 # - SIGUSR1 (the time-limit warning, relayed by job.sh): everything started here inherits it ignored
 #   (torchrun, the trainers, SGLang, reward workers: none may die of it); this script alone handles it, by
-#   creating the stop file that the trainers check at each step boundary.
+#   creating the stop file that the trainers check at each step boundary and while a step generates.
 # - SIGTERM (slurmd ending the step: --kill-on-bad-exit after another node failed, `scancel --signal=TERM`,
 #   the end of the job): torchrun passes it to the ranks and SIGKILLs them 30 s later; the trainers take it
 #   as a request to checkpoint and stop (dapo_megatron/distributed/stop.py). This script creates the stop
@@ -42,24 +42,25 @@ echo "[launch] node ${SLURM_NODEID}/${SLURM_NNODES} (${HOSTNAME}): ${GPUS_PER_NO
 
 # Node-local and per run: a requeued job keeps its id and may come back to this node. TMPDIR may name a host
 # directory that is not mounted into the container; /tmp is there in every image.
-stop_dir=${TMPDIR:-/tmp}
-if [ ! -d "$stop_dir" ] || [ ! -w "$stop_dir" ]; then
-  stop_dir=/tmp
+node_tmp=${TMPDIR:-/tmp}
+if [ ! -d "$node_tmp" ] || [ ! -w "$node_tmp" ]; then
+  node_tmp=/tmp
 fi
-export DAPO_STOP_FILE=$stop_dir/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
+export DAPO_STOP_FILE=$node_tmp/dapo_stop_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}_${SLURM_NODEID}
 rm -f "$DAPO_STOP_FILE"
 
 # The container gets no home directory (job.sh: --no-container-mount-home, so that ~/.local's packages do not
 # shadow the image's), and $HOME then names a path the image lacks. What caches under it (flashinfer's and
 # torch's compiled kernels) gets a node-local home instead of failing at its first write.
 if [ ! -d "${HOME:-}" ] || [ ! -w "${HOME:-}" ]; then
-  export HOME=$stop_dir/dapo_home_${SLURM_JOB_ID}_${SLURM_NODEID}
+  export HOME=$node_tmp/dapo_home_${SLURM_JOB_ID}_${SLURM_NODEID}
   mkdir -p "$HOME"
 fi
 
 # shellcheck disable=SC2329  # called by the traps
 request_stop() {
-  echo "[launch] node ${SLURM_NODEID}: SIG$1: the trainers checkpoint at the next step boundary and exit"
+  echo "[launch] node ${SLURM_NODEID}: SIG$1: the trainers checkpoint and exit (a generation is aborted," \
+       "an update finishes)"
   touch "$DAPO_STOP_FILE" || echo "[launch] node ${SLURM_NODEID}: cannot create the stop file $DAPO_STOP_FILE"
 }
 # A trapped signal is reset to its default in the programs this script starts (torchrun installs its own

@@ -1,6 +1,8 @@
-"""A request to checkpoint and exit cleanly at the next step boundary (the job's time limit is near).
+"""A request to checkpoint and exit cleanly (the job's time limit is near).
 
-Two channels, checked together at each step boundary:
+Checked collectively at each step boundary (`requested`) and, by the driving rank alone, while a step
+generates or evaluates (`seen_here`, polled by `trainer/rollout_side.py`, which then aborts the generation).
+Two channels:
 
 - the stop file named by `DAPO_STOP_FILE`: `slurm/launch.sh` creates it when SIGUSR1 reaches the node.
   Under Slurm a signal forwarded to a job step reaches *every* process of the step (torchrun, the trainer
