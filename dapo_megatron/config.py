@@ -26,8 +26,8 @@ from dapo_megatron.models.fp8 import alignment_error as fp8_alignment_error
 from dapo_megatron.models.sequence_padding import job_padding_reason, job_sequence_multiple, padded_length
 from dapo_megatron.rewards.config import RewardConfig
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.placement import engine_placement
 from dapo_megatron.trainer.config import EvalConfig, OptimConfig, TrainerConfig, WarmupConfig
+from dapo_megatron.trainer.placement import engine_placement
 
 CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
 """The Hydra config tree: the checkout's `configs/` (through the link `dapo_megatron/configs`), or the copy an

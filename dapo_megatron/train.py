@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from dapo_megatron.distributed.launch import ProcessEnv
     from dapo_megatron.distributed.layout import ParallelLayout
     from dapo_megatron.records import PolicyRows, RankShare
-    from dapo_megatron.rollout.fleet import EngineFleet
     from dapo_megatron.trainer.actor import Actor
+    from dapo_megatron.trainer.fleet import EngineFleet
 
 IMPORTED_AT = time.perf_counter()
 """Start-up is counted from here (~0.2 s after the interpreter started; torch is imported later). Not from the
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # torch loads from here on.
         from dapo_megatron.distributed.layout import initialize, shutdown
-        from dapo_megatron.distributed.timeout import collective_timeout
+        from dapo_megatron.trainer.timeout import collective_timeout
 
         try:
             # The process groups start inside the set-up: on CPU after the policy's imports.
@@ -98,7 +98,7 @@ def launch_engine_first(job: JobConfig, env: ProcessEnv) -> EngineFleet | None:
     so that torch's import (~1 s) runs beside SGLang's start-up (~6.5 s of one core), the longest part of
     the trainer's. None without `model.hf_dir` (the session says what is missing)."""
     from dapo_megatron.distributed.launch import accelerator
-    from dapo_megatron.rollout.fleet import EngineFleet
+    from dapo_megatron.trainer.fleet import EngineFleet
 
     if not job.model.hf_dir:
         return None
@@ -133,7 +133,7 @@ def train(
             -> run_schedule         trainer/forward.py     megatron-core's forward/backward over micro-batches
             -> dapo_loss_fn         trainer/actor.py       log-probs of the vocab-parallel logits
             -> compute_actor_loss   algo/loss.py           compute_policy_loss (+ entropy), summed
-        fleet.sync_weights          rollout/fleet.py       the new weights into every engine, checked
+        fleet.sync_weights          trainer/fleet.py       the new weights into every engine, checked
     """
     import torch
 

@@ -35,9 +35,9 @@ from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
-from dapo_megatron.rollout.fleet import rollout_config
-from dapo_megatron.rollout.placement import node_engine_gpus
 from dapo_megatron.trainer.evaluate import OVERALL, by_source, evaluate
+from dapo_megatron.trainer.fleet import rollout_config
+from dapo_megatron.trainer.placement import node_engine_gpus
 from dapo_megatron.trainer.prompts import build_prompt_sources
 
 T = TypeVar("T")

@@ -123,7 +123,7 @@ def initialize(
 
     Call once per process, after `dapo_megatron.config.validate` accepted the layout for this world size.
     `timeout`: of every collective; default `parallel.timeout_minutes`. A trainer whose ranks wait in a
-    collective while one of them generates passes `distributed.timeout.collective_timeout(job, world_size)`.
+    collective while one of them generates passes `trainer.timeout.collective_timeout(job, world_size)`.
     """
     from megatron.core import parallel_state, tensor_parallel
 

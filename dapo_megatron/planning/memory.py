@@ -1,6 +1,6 @@
 """GPU memory of one rank, per phase of a DAPO step, computed from the config alone (no torch, no GPU).
 
-Four phases share each GPU (see `rollout/fleet.py` and the loop in `train.py`):
+Four phases share each GPU (see `trainer/fleet.py` and the loop in `train.py`):
 
 * **training**: the SGLang engine has released its weights and KV cache (`release_memory`); the trainer
   holds its persistent state plus the activations of the micro-batches in flight.
@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.sequence_padding import job_sequence_multiple, padded_length
-from dapo_megatron.rollout.placement import check_overlap, engine_placement
+from dapo_megatron.trainer.placement import check_overlap, engine_placement
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig

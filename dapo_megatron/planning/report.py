@@ -25,7 +25,7 @@ from dapo_megatron.planning.memory import (
     suggest_layout,
 )
 from dapo_megatron.planning.stop import WEIGHT_SYNC_GB_PER_S, StopLead, plan_stop_lead
-from dapo_megatron.rollout.placement import engine_placement
+from dapo_megatron.trainer.placement import engine_placement
 
 if TYPE_CHECKING:
     from dapo_megatron.config import JobConfig

@@ -35,7 +35,7 @@ class RolloutConfig:
     """Tensor-parallel size of each SGLang engine (one engine per group of this many GPUs)."""
     num_engines: int = 0
     """SGLang engines in the job; 0 = one per `engine_tp_size` GPUs on CUDA, one on CPU. Each is launched
-    by the first rank of an equal block of ranks, on that block's devices (`rollout/placement.py`)."""
+    by the first rank of an equal block of ranks, on that block's devices (`trainer/placement.py`)."""
     mem_fraction_static: float = 0.5
     """Share of GPU memory SGLang takes for weights + KV cache (ignored on CPU)."""
     max_total_tokens: int = 65536
@@ -71,7 +71,7 @@ class RolloutConfig:
     aborts it and the job fails; it also bounds each weight push. None = derived from the response budget
     (`resolved_request_timeout_s`, written in by `rollout/fleet.rollout_config`): 2 x 20480 x 40 ms + 120 s =
     1759 s for the 7B and 32B recipes, the 600 s floor for shorter responses. The collective timeout is built
-    from it (`distributed/timeout.py`)."""
+    from it (`trainer/timeout.py`)."""
     max_concurrent_requests: int = 256
     log_dir: str | None = None
     """Engine logs; None = <output_dir>/logs."""

@@ -24,7 +24,7 @@ def sample_lags(groups: Sequence[ScoredGroup], trained_step: int) -> list[int]:
     """Per sample, in the groups' order: how many updates older than the weights about to train (those pushed
     after rollout step `trained_step`) the weights that sampled it were: 0 on policy; 1 for a batch generated
     ahead (trainer.overlap_rollout); more for groups carried over. Read from the version the engine labelled
-    each sample with, the one the trainer pushed last (`step-N`, rollout/fleet.py)."""
+    each sample with, the one the trainer pushed last (`step-N`, trainer/fleet.py)."""
     lags = []
     for group in groups:
         for sample in group.samples:

@@ -22,11 +22,11 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.records import Drawn, PolicyRows, Prompt, ScoredGroup
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
-from dapo_megatron.rollout.fleet import rollout_config
 from dapo_megatron.trainer.batch import build_rows, policy_lag
 from dapo_megatron.trainer.collect import CollectCancelled, RolloutManager
 from dapo_megatron.trainer.cpu_threads import TrainerThreads
 from dapo_megatron.trainer.evaluate import evaluate
+from dapo_megatron.trainer.fleet import rollout_config
 from dapo_megatron.trainer.prompts import build_prompt_sources
 
 Batch = tuple[list[ScoredGroup], dict[str, float]]

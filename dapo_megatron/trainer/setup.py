@@ -1,7 +1,7 @@
 """The job's set-up and tear-down: what one training process holds, built once, in a fixed order.
 
 The parts (each owns its data, `train.py` drives them):
-    fleet      `rollout/fleet.py`         the SGLang engines: placement, launch, liveness, memory, weight sync
+    fleet      `trainer/fleet.py`         the SGLang engines: placement, launch, liveness, memory, weight sync
     policy     `trainer/policy.py`        this rank's shard of the model, its optimizer, its checkpoints
     rollouts   `trainer/rollout_side.py`  the driving rank's prompts, client, reward workers, batch collection
     threads    `trainer/cpu_threads.py`   on CPU, how the engine and the trainer share the cores
@@ -22,8 +22,8 @@ from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.metrics import console
 from dapo_megatron.models.fused_kernels import describe
 from dapo_megatron.models.qwen2 import resolve_transformer_impl
-from dapo_megatron.rollout.fleet import EngineFleet
 from dapo_megatron.trainer.cpu_threads import TrainerThreads
+from dapo_megatron.trainer.fleet import EngineFleet
 from dapo_megatron.trainer.policy import Policy
 from dapo_megatron.trainer.rollout_side import RolloutSide
 from dapo_megatron.trainer.startup import banner

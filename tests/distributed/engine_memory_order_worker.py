@@ -24,7 +24,7 @@ import torch
 
 from dapo_megatron import config as C
 from dapo_megatron.rollout import engine as engine_module
-from dapo_megatron.rollout.fleet import EngineFleet
+from dapo_megatron.trainer.fleet import EngineFleet
 
 SLOW_S = 1.0
 

@@ -1,7 +1,7 @@
 """Megatron trainer (any TP x PP, under torchrun) -> weight sync (either `rollout.sync_method`) -> real
 SGLang engines on CPU.
 
-The first rank of each engine's block (`rollout/placement.py`) starts an engine on a Hugging Face directory
+The first rank of each engine's block (`trainer/placement.py`) starts an engine on a Hugging Face directory
 holding *other* random weights, then the trainer pushes its own. Writes a JSON report from rank 0: log-prob
 differences before and after each sync (the worst engine), greedy continuations of the trainer and of every
 engine, weight versions, which engines served a mixed stream, which ranks received relayed buckets.
@@ -42,12 +42,12 @@ def main() -> None:
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.config import RolloutConfig
     from dapo_megatron.rollout.engine import SGLangEngine
-    from dapo_megatron.rollout.placement import engine_placement
     from dapo_megatron.rollout.weight_sync import SYNC_METHODS
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.config import OptimConfig
     from dapo_megatron.trainer.forward import greedy_generate
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
+    from dapo_megatron.trainer.placement import engine_placement
     from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
 
     cfg = ModelConfig(

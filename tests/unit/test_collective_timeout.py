@@ -9,9 +9,9 @@ import datetime
 import pytest
 
 from dapo_megatron import config as C
-from dapo_megatron.distributed.timeout import collective_timeout
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.fleet import rollout_config
+from dapo_megatron.trainer.fleet import rollout_config
+from dapo_megatron.trainer.timeout import collective_timeout
 
 # The numbers the hand computations use, pinned so a recipe edit does not silently change them.
 PINNED = [

@@ -21,7 +21,7 @@ from tests.conftest import REPO
 
 PROBE = textwrap.dedent("""
     import sys
-    from dapo_megatron.rollout.fleet import EngineFleet
+    from dapo_megatron.trainer.fleet import EngineFleet
 
     def launch(fleet):
         print("LAUNCH", fleet.device, sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])

@@ -18,8 +18,8 @@ from dapo_megatron import config as C
 from dapo_megatron.rollout import engine as engine_module
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import WITHHELD_VARIABLES, SGLangEngine
-from dapo_megatron.rollout.fleet import EngineFleet, rollout_config
-from dapo_megatron.rollout.placement import node_engine_gpus
+from dapo_megatron.trainer.fleet import EngineFleet, rollout_config
+from dapo_megatron.trainer.placement import node_engine_gpus
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import requests
 from dapo_megatron.rollout import engine_auth, engine_guard
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
-from dapo_megatron.rollout.fleet import engine_host, job_on_one_node
+from dapo_megatron.trainer.fleet import engine_host, job_on_one_node
 
 
 def test_every_engine_has_its_own_unguessable_key(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_the_sync_offloads_after_the_trainers_probe_and_before_the_kv_cache_retu
     runs as on a GPU node (device "cuda": it releases and resumes the engine's memory); the engine, its
     weight sync and the rollout client are recorders, the model, optimizer, offload and probe are real."""
     from dapo_megatron import config as job_config
-    from dapo_megatron.rollout.fleet import EngineFleet
+    from dapo_megatron.trainer.fleet import EngineFleet
     from dapo_megatron.trainer.offload import TrainerStateOffload
     from dapo_megatron.trainer.sync_probe import SyncProbe
 

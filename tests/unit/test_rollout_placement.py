@@ -6,7 +6,7 @@ import pytest
 
 from dapo_megatron import config
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.placement import engine_placement
+from dapo_megatron.trainer.placement import engine_placement
 
 
 def test_cuda_default_is_one_engine_per_tp_group_of_gpus() -> None:

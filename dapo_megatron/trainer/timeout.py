@@ -17,7 +17,7 @@ import math
 import torch
 
 from dapo_megatron.config import JobConfig
-from dapo_megatron.rollout.placement import engine_placement
+from dapo_megatron.trainer.placement import engine_placement
 
 
 def generation_bound_s(

@@ -1,5 +1,5 @@
 """Where the rollout engines run: which trainer rank launches each SGLang engine, and on which devices
-(arithmetic on the config only; `rollout/fleet.py` launches them).
+(arithmetic on the config only; `trainer/fleet.py` launches them).
 
 Colocated placement: the ranks are cut into consecutive blocks of `ranks_per_engine`, and the first rank of
 each block launches one engine on its own GPU and the next `engine_tp_size - 1` (an engine's TP group shares

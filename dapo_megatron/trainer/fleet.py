@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from dapo_megatron.config import JobConfig
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.placement import check_overlap, engine_placement
+from dapo_megatron.trainer.placement import check_overlap, engine_placement
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +84,7 @@ class EngineFleet:
         rank, world_size, local_rank, master_addr: this process's place (`distributed/launch.ProcessEnv`); no
             process group is needed until `connect`.
         device: "cuda" (engines colocated with the trainer's GPUs) or "cpu".
-    Raises ValueError naming the field when the engines cannot be placed (`rollout/placement.py`).
+    Raises ValueError naming the field when the engines cannot be placed (`trainer/placement.py`).
     """
 
     def __init__(
