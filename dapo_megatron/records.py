@@ -1,6 +1,6 @@
 """The records a prompt becomes on its way to the loss, in the order it meets them.
 
-    PromptExample   a data-set row: text, chat turns, reference answer, token ids    data/datasets.py reads it
+    PromptExample   a data-set row: text, chat turns, reference answer, token ids    data/loading.py reads it
        | trainer/prompts.py keeps what the rollouts need
     Prompt          uid, token ids, reference answer, data source                    the driving rank's stream
        | rollout/client.py: SGLang generates G samples per prompt
@@ -40,7 +40,7 @@ class PromptExample:
     """One prompt with its reference answer."""
 
     uid: str
-    """Stable id: a hash of the normalised prompt (see `data/datasets.py`)."""
+    """Stable id: a hash of the normalised prompt (see `data/loading.py`)."""
     prompt: str
     """Text of the last user message: for DAPO data the full instruction + problem + reminder."""
     ground_truth: str

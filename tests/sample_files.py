@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dapo_megatron.data.datasets import dapo_prompt
+from dapo_megatron.data.formats import dapo_prompt
 
 Problem = tuple[str, str]
 """A bare problem statement and its answer."""

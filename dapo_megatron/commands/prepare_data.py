@@ -12,7 +12,7 @@ Data sets (Hugging Face hub, data set repositories):
                    (questions wrapped in DAPO's prompt, ground truth = the number after ####)
 
 Every output is written in verl's format (a chat `prompt` list, `reward_model.ground_truth`,
-`data_source`), which `dapo_megatron.data.datasets` reads back unchanged. Downloads use
+`data_source`), which `dapo_megatron.data.loading` reads back unchanged. Downloads use
 `huggingface_hub` (its cache, HF_TOKEN and HF_ENDPOINT apply). `--from-local NAME=PATH` converts a file you
 already have instead of downloading it (NAME is an output name above). Existing outputs are never
 overwritten without --force.
@@ -28,7 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_megatron.data.datasets import DatasetError, DatasetStats, load_examples, to_verl_row
+from dapo_megatron.data.errors import DatasetError
+from dapo_megatron.data.formats import to_verl_row
+from dapo_megatron.data.loading import load_examples
+from dapo_megatron.data.stats import DatasetStats
 
 HF_ENDPOINT = "https://huggingface.co"
 

@@ -9,7 +9,7 @@ from dapo_megatron.data.arithmetic import TASKS
 __all__ = ["FORMATS", "OVERLONG_MODES", "DataConfig"]
 
 FORMATS = ("auto", "verl", "gsm8k", "flat")
-"""File formats the loader reads; ``auto`` detects one per file (see ``data.datasets``)."""
+"""File formats the loader reads; ``auto`` detects one per file (see ``data.formats``)."""
 
 OVERLONG_MODES = ("truncate_left", "drop", "error")
 """What happens to a prompt longer than ``max_prompt_length`` tokens."""

@@ -70,7 +70,7 @@ DATA_SOURCE_SCORERS: dict[str, str] = {
     "math_dapo": "math_dapo",
     "math": "math_dapo",
     "math_dapo_reasoning": "math_dapo",
-    # data.datasets wraps GSM8K questions in DAPO's prompt (`Answer: N` on the last line); answers are
+    # data.formats wraps GSM8K questions in DAPO's prompt (`Answer: N` on the last line); answers are
     # integers.
     "gsm8k": "math_dapo",
 }

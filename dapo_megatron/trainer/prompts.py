@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from dapo_megatron.data import arithmetic
-from dapo_megatron.data.datasets import PromptDataset, PromptTokenizer, dataset_from_config
+from dapo_megatron.data.loading import dataset_from_config
+from dapo_megatron.data.prompt_dataset import PromptDataset
+from dapo_megatron.data.prompt_tokens import PromptTokenizer
 from dapo_megatron.records import Prompt, PromptExample
 
 

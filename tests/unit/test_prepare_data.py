@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_megatron.commands import prepare_data
-from dapo_megatron.data.datasets import load_examples
+from dapo_megatron.data.loading import load_examples
 from tests.conftest import REPO, real_data
 from tests.sample_files import PROBLEMS, dapo_rows, gsm8k_rows, write_parquet
 

@@ -1,6 +1,6 @@
-"""Prompt data sets: the real samples where present (tests/conftest.py's real_data), miniatures of each
-published layout everywhere, format rules, de-duplication, length limits, error messages, the resumable
-shuffled order, and chat-template tokenization."""
+"""Loading prompt data sets: the real samples where present (tests/conftest.py's real_data), miniatures of
+each published layout everywhere, format rules, de-duplication, error messages, and a data set built from
+the config."""
 
 from __future__ import annotations
 
@@ -16,22 +16,9 @@ from hypothesis import strategies as st
 
 from dapo_megatron.data import char_tokenizer
 from dapo_megatron.data.config import FORMATS, DataConfig
-from dapo_megatron.data.datasets import (
-    DAPO_INSTRUCTION,
-    DAPO_REMINDER,
-    DatasetError,
-    DatasetStats,
-    PromptDataset,
-    build_dataset,
-    dapo_prompt,
-    dataset_from_config,
-    detect_format,
-    encode_prompt,
-    load_examples,
-    render_prompt,
-    tokenize_examples,
-)
-from dapo_megatron.records import PromptExample
+from dapo_megatron.data.errors import DatasetError
+from dapo_megatron.data.formats import DAPO_INSTRUCTION, DAPO_REMINDER, dapo_prompt, detect_format
+from dapo_megatron.data.loading import dataset_from_config, load_examples
 from tests.conftest import real_data
 from tests.sample_files import (
     PROBLEMS,
@@ -93,10 +80,6 @@ AIME_KNOWN = {
     "be a 13th root of unity": "321",
     "inside a fixed regular dodecagon": "315",
 }
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
 
 
 def verl_row(problem: str, answer: object = "1", **extra: object) -> dict[str, object]:
@@ -108,20 +91,6 @@ def verl_row(problem: str, answer: object = "1", **extra: object) -> dict[str, o
     }
 
 
-def examples(n: int) -> list[PromptExample]:
-    return [
-        PromptExample(
-            uid=f"u{i}",
-            prompt=f"p{i}",
-            ground_truth=str(i),
-            data_source="math_dapo",
-            messages=({"role": "user", "content": f"p{i}"},),
-            origin=f"test, line {i + 1}",
-        )
-        for i in range(n)
-    ]
-
-
 def answer_for(prompt: str) -> str:
     return next(answer for text, answer in AIME_KNOWN.items() if text in prompt)
 
@@ -129,13 +98,6 @@ def answer_for(prompt: str) -> str:
 @pytest.fixture(scope="module")
 def plain_tokenizer():
     return char_tokenizer.build()
-
-
-@pytest.fixture(scope="module")
-def chat_tokenizer():
-    tokenizer = char_tokenizer.build()
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
 
 
 # --- the real files (skipped without them) ----------------------------------------------------------
@@ -282,63 +244,6 @@ def test_dedup_keeps_first_occurrence_in_order_and_counts(tmp_path: Path) -> Non
     assert [r.uid for r in kept][2] == kept[0].uid + "-2" and kept[4].uid == kept[1].uid + "-2"
 
 
-# --- tokens and lengths ------------------------------------------------------------------------------
-
-
-def test_chat_template_path(chat_tokenizer) -> None:
-    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"})
-    text = render_prompt(messages, chat_tokenizer)
-    assert text == "<system>Be brief.\n<user>1+1?\n<assistant>"
-    assert encode_prompt(messages, chat_tokenizer) == char_tokenizer.encode(text)
-    assert render_prompt(messages, chat_tokenizer, use_chat_template=False) == "Be brief.\n\n1+1?"
-
-
-def test_no_template_fallback_is_the_plain_content(plain_tokenizer) -> None:
-    assert plain_tokenizer.chat_template is None
-    prompt = "Solve: 37+45=? "
-    assert encode_prompt(({"role": "user", "content": prompt},), plain_tokenizer) == char_tokenizer.encode(
-        prompt
-    )
-
-
-def test_build_dataset_with_template_truncates_from_the_left(tmp_path: Path, chat_tokenizer) -> None:
-    # DAPO's prompt wraps each problem in ~280 characters: at one token a character, 300 cut the longer ones.
-    path = write_jsonl(tmp_path / "dapo.jsonl", dapo_rows())
-    dataset = build_dataset(path, chat_tokenizer, max_prompt_length=300, shuffle=False)
-    assert len(dataset) == 3 and 0 < dataset.stats.too_long_truncated < 3
-    assert dataset.stats.longest_prompt_tokens > 300
-    for example in dataset:
-        rendered = render_prompt(example.messages, chat_tokenizer)
-        assert example.prompt_ids == tuple(char_tokenizer.encode(rendered)[-300:])
-        assert rendered.endswith("<assistant>")
-
-
-def test_overlong_modes_drop_truncate_error(plain_tokenizer) -> None:
-    rows = [
-        PromptExample(
-            uid=str(n),
-            prompt="ab" * n,
-            ground_truth="1",
-            data_source="s",
-            messages=({"role": "user", "content": "ab" * n},),
-            origin=f"f, line {n}",
-        )
-        for n in (2, 5, 8)
-    ]
-    dropped = DatasetStats()
-    kept = tokenize_examples(
-        rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="drop", stats=dropped
-    )
-    assert [e.uid for e in kept] == ["2", "5"] and (dropped.too_long_dropped, dropped.final_size) == (1, 2)
-    truncated = DatasetStats()
-    kept = tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, stats=truncated)
-    assert char_tokenizer.decode(list(kept[2].prompt_ids)) == ("ab" * 8)[-10:]  # the end survives
-    assert kept[1].prompt_ids == tuple(char_tokenizer.encode("ab" * 5))
-    assert (truncated.too_long_truncated, truncated.final_size, truncated.longest_prompt_tokens) == (1, 3, 16)
-    with pytest.raises(DatasetError, match=r"f, line 8: prompt is 16 tokens, over max_prompt_length=10"):
-        tokenize_examples(rows, plain_tokenizer, max_prompt_length=10, overlong_prompt="error")
-
-
 # --- malformed rows ----------------------------------------------------------------------------------
 
 GOOD = verl_row("good")
@@ -472,52 +377,7 @@ def test_any_json_rows_load_or_raise_dataset_error(
         assert all(isinstance(m["content"], str) for m in example.messages)
 
 
-# --- the resumable order ----------------------------------------------------------------------------
-
-
-def test_seeded_order_is_reproducible_and_epochs_reshuffle() -> None:
-    first, again, other = (PromptDataset(examples(10), seed=s) for s in (3, 3, 4))
-    epoch0 = [e.uid for _ in range(2) for e in first.next_batch(4)]
-    assert epoch0 == [e.uid for _ in range(2) for e in again.next_batch(4)]
-    assert epoch0 != [e.uid for _ in range(2) for e in other.next_batch(4)]
-    assert (first.epoch, first.index, first.remaining_in_epoch) == (0, 8, 2)
-    epoch1 = [e.uid for _ in range(2) for e in first.next_batch(4)]  # the 2 left over are dropped
-    assert first.epoch == 1 and epoch1 != epoch0
-    assert sorted(first.epoch_order(1)) == list(range(10)) and first.batches_per_epoch(4) == 2
-
-
-def test_state_dict_resumes_exactly_mid_epoch() -> None:
-    original = PromptDataset(examples(7), seed=11)
-    for _ in range(5):  # 2 full epochs of 3 batches of 2 would be 6; stop mid-epoch 1
-        original.next_batch(2)
-    state = json.loads(json.dumps(original.state_dict()))
-    assert (state["epoch"], state["index"]) == (1, 4)
-    resumed = PromptDataset(examples(7), seed=11)
-    resumed.load_state_dict(state)
-    assert [[e.uid for e in original.next_batch(2)] for _ in range(6)] == [
-        [e.uid for e in resumed.next_batch(2)] for _ in range(6)
-    ]
-
-
-def test_state_dict_refuses_other_data_or_seed() -> None:
-    state = PromptDataset(examples(7), seed=11).state_dict()
-    with pytest.raises(DatasetError, match="checkpoint has seed=11"):
-        PromptDataset(examples(7), seed=12).load_state_dict(state)
-    with pytest.raises(DatasetError, match="checkpoint has size=7"):
-        PromptDataset(examples(8), seed=11).load_state_dict(state)
-    with pytest.raises(DatasetError, match="invalid data set position"):
-        PromptDataset(examples(7), seed=11).load_state_dict({**state, "index": 8})
-
-
-def test_unshuffled_order_take_and_empty() -> None:
-    dataset = PromptDataset(examples(5), shuffle=False)
-    assert [e.uid for e in dataset.next_batch(3)] == ["u0", "u1", "u2"]
-    assert [e.uid for e in dataset.take(2)] == ["u0", "u1"] and len(dataset.take(9)) == 5
-    assert dataset[4].uid == "u4" and [e.uid for e in dataset[1:3]] == ["u1", "u2"]
-    with pytest.raises(ValueError, match="batch_size must be in"):
-        dataset.next_batch(6)
-    with pytest.raises(DatasetError, match="empty"):
-        PromptDataset([])
+# --- the data sets of a config ---------------------------------------------------------------------
 
 
 def test_dataset_from_config(tmp_path: Path, plain_tokenizer) -> None:
