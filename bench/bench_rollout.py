@@ -43,7 +43,7 @@ def measure(base: Path, attention: str, args: argparse.Namespace, log_dir: Path)
     )
     tokenizer = load_tokenizer(base)
     problems = arithmetic.problems("rl")
-    os.environ["DAPO_CPU_ATTENTION"] = attention  # read by the engine process (rollout/sglang_cpu.py)
+    os.environ["DAPO_CPU_ATTENTION"] = attention  # read by the engine process (backends/sglang_cpu.py)
     rates = []
     with (
         SGLangEngine(base, cfg, log_file=log_dir / f"engine-{attention}.log") as engine,

@@ -4,13 +4,13 @@ over the fastest fp32 GEMM the same cores run at the model's own shapes, both me
 
     python bench/bench_update_flops.py [--size large|demo] [--threads N] [--steps 3] [--json PATH]
 
-The update is the trainer's own (`train.update_policy` on a `trainer.policy.Policy`: megatron-core's GPT model
-with local layers, the DAPO loss, AdamW), on one gloo rank, on a batch shaped like the end-to-end benchmark's
-(bench_e2e_trl.py's sizes: prompts x samples rows, `ppo_mini_batch_size` prompts per optimizer step, π_old
-from the engine, so no extra forward pass): random tokens and advantages, response lengths spread over the
-top quarter of the cap as the sizes' real responses are. Model FLOPs are `dapo_megatron.flops.training_flops`
-(6 x matmul parameters x tokens plus attention, the convention GPU MFU uses), so recomputation or wasted
-padding would count against the update, not for it.
+The update is the trainer's own (`trainer.actor.update_policy` on a `trainer.policy.Policy`: megatron-core's
+GPT model with local layers, the DAPO loss, AdamW), on one gloo rank, on a batch shaped like the end-to-end
+benchmark's (bench_e2e_trl.py's sizes: prompts x samples rows, `ppo_mini_batch_size` prompts per optimizer
+step, π_old from the engine, so no extra forward pass): random tokens and advantages, response lengths spread
+over the top quarter of the cap as the sizes' real responses are. Model FLOPs are
+`dapo_megatron.flops.training_flops` (6 x matmul parameters x tokens plus attention, the convention GPU MFU
+uses), so recomputation or wasted padding would count against the update, not for it.
 
 The baseline: `torch.mm` on every weight matrix's GEMM of a micro-batch (QKV, attention output, the SwiGLU
 pair, its down projection, the output layer) forward and both backward shapes, at the same threads; its
@@ -101,7 +101,7 @@ def main() -> None:
     size = SIZES[args.size]
 
     from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.train import update_policy
+    from dapo_megatron.trainer.actor import update_policy
     from dapo_megatron.trainer.batch import split_rows
     from dapo_megatron.trainer.policy import Policy
 

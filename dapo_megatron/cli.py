@@ -11,12 +11,13 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec
+from typing import ParamSpec
 
-from dapo_megatron.config import ConfigError
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from dapo_megatron.config import CONFIG_DIR, ConfigError, compose
 
 __all__ = [
     "COMMON_FIELDS",
@@ -71,10 +72,6 @@ COMMON_FIELDS = {
 def usage(config_dir: Path | None = None) -> str:
     """The override syntax, the config groups with their options and the common fields with their
     defaults, read from the config tree itself so the text cannot fall behind it."""
-    from omegaconf import OmegaConf
-
-    from dapo_megatron.config import CONFIG_DIR, compose
-
     config_dir = CONFIG_DIR if config_dir is None else config_dir
     chosen = {}
     for entry in OmegaConf.load(config_dir / "config.yaml").get("defaults", []):
@@ -121,19 +118,10 @@ def split_cfg_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
 
 def resolved_config(cfg: DictConfig) -> str:
     """The composed config as YAML with interpolations (output_dir: outputs/${experiment_name}) filled."""
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def _config_errors() -> tuple[type[BaseException], ...]:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    return ConfigError, HydraException, OmegaConfBaseException
-
-
-CONFIG_ERRORS = _config_errors()
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """Exceptions that mean the config is wrong, not the program."""
 
 

@@ -15,9 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, OmegaConf
 
+from dapo_megatron import backends
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.data.config import DataConfig
 from dapo_megatron.distributed.config import ClusterConfig, ParallelConfig
@@ -69,9 +74,6 @@ def register_configs() -> None:
 def compose(overrides: Sequence[str] = (), config_dir: Path | str = CONFIG_DIR) -> DictConfig:
     """Compose `config.yaml` with Hydra overrides (`model=qwen2.5-7b parallel.tensor_model_parallel_size=4`)
     outside of `@hydra.main`, as tools and tests do."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     register_configs()
     _check_override_keys(overrides, Path(config_dir))
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
@@ -134,7 +136,7 @@ def validate(job: JobConfig, world_size: int) -> None:
     _validate_token_budget(job)
     if rollout.num_engines:
         try:  # the device decides the automatic count only
-            engine_placement(world_size, rollout, device="cpu")
+            engine_placement(world_size, rollout, backends.CPU)
         except ValueError as error:
             raise ConfigError(str(error)) from None
     dp = world_size // (tp * pp)
@@ -297,9 +299,6 @@ def _check_override_keys(overrides: Sequence[str], config_dir: Path) -> None:
     # Hydra refuses an unknown key too, but with a multi-line message and no suggestion; a typo such as
     # trainer.totl_steps deserves one line naming trainer.total_steps. Keys added with +/++ are checked
     # after composing (`_reject_unknown_keys`); config group choices (model=...) are Hydra's to check.
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
-
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         key = override.key_or_group
         if override.type in (OverrideType.ADD, OverrideType.FORCE_ADD) or key.split(".")[0] == "hydra":

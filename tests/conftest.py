@@ -122,16 +122,11 @@ def one_gloo_rank(store: Path) -> Iterator[Any]:
 def tiny_policy(layout: Any, *, vocab_size: int) -> tuple[torch.nn.Module, Any]:
     """A random 2-layer Qwen2 (megatron-core local layers, fp32) wrapped for training; and its ModelConfig."""
     from dapo_megatron.distributed.config import ParallelConfig
-    from dapo_megatron.models.config import ModelConfig
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.trainer.optimizer import wrap_for_training
+    from tests.model_configs import small_model_config
 
-    cfg = ModelConfig(
-        num_layers=2,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
+    cfg = small_model_config(
         vocab_size=vocab_size,
         max_position_embeddings=256,
         params_dtype="float32",

@@ -218,7 +218,7 @@ def cluster_environment(path: Path) -> dict[str, str]:
 
 
 def stage_environment(check: Check) -> str:
-    from dapo_megatron.distributed import cpu_compat
+    from dapo_megatron.backends import cpu_compat
 
     if check.on_gpu and cpu_compat.active():
         raise RuntimeError(
@@ -393,6 +393,7 @@ def stage_engine(check: Check) -> str:
     from dapo_megatron.data import char_tokenizer
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.models.weights import export_hf
+    from dapo_megatron.train import launch_engine_first
     from dapo_megatron.trainer.setup import Session
 
     layout = check.layout
@@ -424,7 +425,7 @@ def stage_engine(check: Check) -> str:
     job = job_config.load(overrides, world_size=layout.world_size)
     timings = {}
     started = time.perf_counter()
-    with Session(job, layout, lambda: layout) as session:
+    with Session(job, layout, lambda: layout, launch_engine_first(job, layout)) as session:
         fleet, actor, client = session.fleet, session.policy.actor, session.rollouts.client
         timings["start"] = time.perf_counter() - started
         fleet.release_memory()

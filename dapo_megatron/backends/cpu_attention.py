@@ -10,9 +10,9 @@ fp32 rounding (tests/integration check the engine's log-probs against the traine
 It is registered under the name `torch_native` through SGLang's own backend registry, so every other
 place where SGLang special-cases that name (no CUDA graphs, no Triton kernels, KV-cache helpers) keeps
 applying. Anything unusual (encoder-decoder, sliding windows, very large padded batches) goes to the
-original per-sequence code. Only the CPU engine imports this (`rollout/sglang_cpu.py`). Being the one piece of
-this project that runs on every forward pass, it is also where the engine takes the intra-op thread count
-the trainer asks for (`rollout/engine_threads.py`).
+original per-sequence code. Only the CPU engine imports this (`backends/sglang_cpu.py`). Being the one
+piece of this project that runs on every forward pass, it is also where the engine takes the intra-op
+thread count the trainer asks for (`backends/engine_threads.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sglang.srt.layers.attention.attention_registry import register_attention_ba
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from torch.nn.functional import scaled_dot_product_attention
 
-from dapo_megatron.rollout import engine_threads
+from dapo_megatron.backends import engine_threads
 
 MAX_PADDED_SCORES = 1 << 26
 """Above this many attention scores (sequences x heads x queries x keys) in one padded batch, fall back

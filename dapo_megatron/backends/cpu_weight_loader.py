@@ -20,7 +20,7 @@ SGLang calls `load_keeping_mappings` for `update_weights_from_tensor` requests w
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the engine launcher imports this module for LOAD_FORMAT before torch is needed
     import torch
@@ -39,5 +39,15 @@ def load_keeping_mappings(model: torch.nn.Module, named_tensors: list[tuple[str,
     try:
         model.load_weights(named_tensors)  # type: ignore[operator]  # SGLang's models define it
     finally:
-        torch.set_num_threads(threads)  # generation's count (rollout/engine_threads.py) again
+        torch.set_num_threads(threads)  # generation's count (backends/engine_threads.py) again
     _held.update(named_tensors)
+
+
+def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a flattened bucket (`rollout/weight_sync.flatten_bucket`), as views of its buffer: what
+    `load_keeping_mappings` receives instead of SGLang's flattened format."""
+    flat = payload["flattened_tensor"]
+    return [
+        (meta.name, flat[meta.start_idx : meta.end_idx].view(meta.dtype).view(meta.shape))
+        for meta in payload["metadata"]
+    ]

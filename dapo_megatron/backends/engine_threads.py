@@ -10,7 +10,7 @@ the forward, since under OpenMP torch's count belongs to the calling thread. A r
 bytes, next to a forward pass of milliseconds. The change takes effect at the engine's next forward pass.
 
 The engine process finds the file through `THREADS_FILE_ENV` (set by `SGLangEngine` on CPU); without it
-`follow` does nothing. It is called from the batched CPU attention backend (`rollout/cpu_attention.py`), the
+`follow` does nothing. It is called from the batched CPU attention backend (`backends/cpu_attention.py`), the
 one piece of this project that runs on every forward pass; the stock backend (`DAPO_CPU_ATTENTION=stock`)
 keeps the engine at its start-up count.
 """

@@ -1,6 +1,6 @@
 """Start a real SGLang server on a CPU-only machine.
 
-    python -m dapo_megatron.rollout.sglang_cpu --model-path DIR --port 30000 [sglang server args]
+    python -m dapo_megatron.backends.sglang_cpu --model-path DIR --port 30000 [sglang server args]
 
 SGLang imports two packages that have only CUDA builds on PyPI: `torchvision` (from multimodal code a
 text-only Qwen2 never runs) and `sgl_kernel` (CUDA/AMX kernels; on CPUs without AMX SGLang uses its
@@ -8,7 +8,7 @@ native-torch fallbacks). This module registers import-time stand-ins for both in
 every process SGLang spawns (they re-import this module as their `__main__`), then runs SGLang's own
 launcher. A stand-in for `sgl_kernel` raises as soon as anything is *called* on it, so a run that
 finishes proves no kernel was needed. It also swaps the `torch_native` attention backend for the batched
-one in `rollout/cpu_attention.py`, through SGLang's backend registry (`DAPO_CPU_ATTENTION=stock` keeps
+one in `backends/cpu_attention.py`, through SGLang's backend registry (`DAPO_CPU_ATTENTION=stock` keeps
 SGLang's own, for comparisons). And it starts SGLang's scheduler and detokenizer by forking this process
 instead of spawning fresh interpreters (`fork_workers`). Nothing is installed into or edited in
 site-packages.
@@ -152,7 +152,7 @@ def install() -> None:
     if attention not in ("batched", "stock"):
         raise ValueError(f"DAPO_CPU_ATTENTION must be batched or stock; got {attention!r}")
     if attention == "batched":
-        from dapo_megatron.rollout import cpu_attention
+        from dapo_megatron.backends import cpu_attention
 
         cpu_attention.register()
 

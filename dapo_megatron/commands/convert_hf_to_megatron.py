@@ -25,11 +25,14 @@ import resource
 import sys
 import time
 
+from dapo_megatron import checkpoint
 from dapo_megatron.config import ConfigError, JobConfig, validate
 from dapo_megatron.distributed.config import ParallelConfig
+from dapo_megatron.distributed.layout import initialize, shutdown
 from dapo_megatron.models import hf_io
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.safetensors_reader import SafetensorsReader
+from dapo_megatron.models.torch_dist_writer import save_hf_as_torch_dist
 
 _DTYPES = ("bfloat16", "float32", "float16")
 
@@ -123,11 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the target layout does not fit this model: {error}", file=sys.stderr)
         return 2
     out_dir = hf_io.prepare_output_dir(args.output, force=args.force)
-
-    # megatron-core is imported only now: argument and shape errors above come back in a second.
-    from dapo_megatron import checkpoint
-    from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.torch_dist_writer import save_hf_as_torch_dist
 
     layout = initialize(ParallelConfig(), seed=0)
     print(

@@ -28,16 +28,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from dapo_megatron import backends
 from dapo_megatron import config as job_config
+from dapo_megatron.backends.base import Backend
 from dapo_megatron.cli import reports_config_errors
 from dapo_megatron.config import ConfigError, JobConfig
 from dapo_megatron.data.tokenizer import load_tokenizer
 from dapo_megatron.rewards.pool import RewardPool
 from dapo_megatron.rollout.client import RolloutClient
-from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
+from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine_record import liveness_check
 from dapo_megatron.trainer.evaluate import OVERALL, by_source, evaluate
 from dapo_megatron.trainer.fleet import rollout_config
-from dapo_megatron.trainer.placement import node_engine_gpus
 from dapo_megatron.trainer.prompts import build_prompt_sources
 
 T = TypeVar("T")
@@ -69,39 +71,36 @@ def load_job(model: str, overrides: list[str]) -> JobConfig:
 
 
 def eval_engines(
-    job: JobConfig, model_dir: Path, log_dir: Path, *, device: str, gpus: int
+    job: JobConfig, model_dir: Path, log_dir: Path, *, backend: Backend, gpus: int
 ) -> list[SGLangEngine]:
-    """The engines to evaluate with, not started: on CUDA the rollout layout on this node's `gpus` GPUs
-    (`node_engine_gpus`), on CPU one engine."""
+    """The engines to evaluate with, not started: the backend's engines on this node
+    (`Backend.node_engine_gpus`: on CUDA the rollout layout on its `gpus` GPUs, on CPU one engine)."""
     # The dtype stays rollout.dtype: `auto` is then the evaluated model's own (float32 on CPU), which need not
     # be the policy's params_dtype of the config given.
     rollout = dataclasses.replace(rollout_config(job), dtype=job.rollout.dtype)
-    if device == "cpu":
-        return [SGLangEngine(model_dir, rollout, log_file=log_dir / "engine.log")]
+    first_gpus = backend.node_engine_gpus(gpus, rollout.engine_tp_size, rollout.num_engines)
     return [
         SGLangEngine(
             model_dir,
             rollout,
-            log_file=log_dir / f"engine_{index}.log",
-            device="cuda",
+            log_file=log_dir / ("engine.log" if len(first_gpus) == 1 else f"engine_{index}.log"),
+            backend=backend,
             base_gpu_id=first_gpu,
             index=index,
         )
-        for index, first_gpu in enumerate(node_engine_gpus(rollout, gpus))
+        for index, first_gpu in enumerate(first_gpus)
     ]
 
 
-def resolve_device(choice: str) -> tuple[str, int]:
-    """(device, visible GPUs) for --device."""
-    import torch
-
-    gpus = torch.cuda.device_count()
-    device = ("cuda" if gpus else "cpu") if choice == "auto" else choice
-    if device == "cuda" and not gpus:
+def resolve_device(choice: str) -> tuple[Backend, int]:
+    """(backend, visible GPUs) for --device."""
+    backend = backends.detect() if choice == "auto" else backends.named(choice)
+    gpus = backend.device_count()
+    if choice == "cuda" and not gpus:
         raise SystemExit(
             "--device cuda, but no GPU is visible (CUDA_VISIBLE_DEVICES, driver); use --device cpu"
         )
-    return device, gpus
+    return backend, gpus
 
 
 def _layout_or_exit(build: Callable[[], T]) -> T:
@@ -115,12 +114,12 @@ def _layout_or_exit(build: Callable[[], T]) -> T:
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     job = load_job(args.model, overrides)
-    device, gpus = resolve_device(args.device)
+    backend, gpus = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         model_dir = Path(args.model)
         if args.checkpoint:
-            if device == "cuda":  # a layout that does not fit is refused before an export of minutes (32B)
-                _layout_or_exit(lambda: node_engine_gpus(rollout_config(job), gpus))
+            # A layout that does not fit is refused before an export of minutes (32B).
+            _layout_or_exit(lambda: eval_engines(job, model_dir, Path(scratch), backend=backend, gpus=gpus))
             model_dir = Path(scratch) / "hf"
             subprocess.run(
                 [
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 check=True,
             )
         engines = _layout_or_exit(
-            lambda: eval_engines(job, model_dir, Path(scratch), device=device, gpus=gpus)
+            lambda: eval_engines(job, model_dir, Path(scratch), backend=backend, gpus=gpus)
         )
         for engine in engines:  # all load their weights at once
             running.callback(engine.shutdown)
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_token_ids=[tokenizer.eos_token_id],
             progress=True,
         )
-    print(report(metrics, problems=len(problems), job=job, engines=len(engines), device=device))
+    print(report(metrics, problems=len(problems), job=job, engines=len(engines), device=backend.name))
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(metrics, indent=2))
     return 0

@@ -28,6 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub import hf_hub_download
+
 from dapo_megatron.data.errors import DatasetError
 from dapo_megatron.data.formats import to_verl_row
 from dapo_megatron.data.loading import load_examples
@@ -77,8 +81,6 @@ class DownloadError(RuntimeError):
 
 def download(remote: RemoteFile) -> Path:
     """Fetch ``remote`` through huggingface_hub (its cache, retries, HF_TOKEN and HF_ENDPOINT apply)."""
-    from huggingface_hub import hf_hub_download
-
     try:
         return Path(
             hf_hub_download(remote.repo_id, remote.filename, repo_type="dataset", revision=remote.revision)
@@ -94,9 +96,6 @@ def write_rows(rows: list[dict], target: Path) -> None:
     """Write ``rows`` as jsonl or parquet (by ``target``'s suffix), atomically."""
     partial = target.with_name(target.name + ".partial")
     if target.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         pq.write_table(pa.Table.from_pylist(rows), partial)
     else:
         with partial.open("w", encoding="utf-8") as handle:

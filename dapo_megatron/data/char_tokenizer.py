@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
 CHARACTERS = [c for c in string.printable if c not in "\x0b\x0c\r"]
@@ -20,9 +19,6 @@ PAD_ID, EOS_ID = VOCAB.index(PAD), VOCAB.index(EOS)
 
 
 def build() -> PreTrainedTokenizerFast:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     core = Tokenizer(models.WordLevel(vocab={token: i for i, token in enumerate(VOCAB)}, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
     core.decoder = decoders.Fuse()  # characters join back without separators
@@ -31,7 +27,7 @@ def build() -> PreTrainedTokenizerFast:
 
 
 def encode(text: str) -> list[int]:
-    """Token ids without loading transformers (the mapping is one id per character)."""
+    """Token ids without building the tokenizer (the mapping is one id per character)."""
     return [VOCAB.index(c) if c in CHARACTERS else VOCAB.index(UNK) for c in text]
 
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from dapo_megatron.data.errors import DatasetError, RowProblem
 
 __all__ = ["READERS", "as_object", "check_file"]
@@ -37,9 +40,6 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, _JsonLine]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, object]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     index = 0
     try:
         # Streamed in batches: the public DAPO-Math-17k parquet has 1.79M rows, ~99% duplicates,

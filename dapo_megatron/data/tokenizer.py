@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+import transformers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 
 def load_tokenizer(hf_dir: Path | str) -> PreTrainedTokenizerBase:
@@ -17,8 +16,7 @@ def load_tokenizer(hf_dir: Path | str) -> PreTrainedTokenizerBase:
     for any other tokenizer saved next to a Qwen2 architecture (the demo's character tokenizer) it silently
     changes the token ids (spaces vanish), and the policy would be trained on text it never saw.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if (Path(hf_dir) / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
-    return AutoTokenizer.from_pretrained(str(hf_dir))
+    # transformers resolves AutoTokenizer on first use (its model registry, ~1.4 s): only here.
+    return transformers.AutoTokenizer.from_pretrained(str(hf_dir))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -88,23 +88,6 @@ def rendezvous_port(job_id: int) -> int:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def accelerator() -> str:
-    """ "cuda" where `torch.cuda.is_available()`, else "cpu"; without importing torch when the installed build
-    is CPU-only (its version ends in `+cpu`, as the CPU wheels' do), so that a CPU trainer can launch its
-    engine first (`train.py`)."""
-    try:
-        cpu_build = importlib.metadata.version("torch").endswith("+cpu")
-    except importlib.metadata.PackageNotFoundError:  # an unpackaged build (source tree): ask torch
-        cpu_build = False
-    if cpu_build:
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import datetime
 import os
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
+from megatron.core import parallel_state, tensor_parallel
 
+from dapo_megatron import backends
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.distributed.launch import ProcessEnv, process_env
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-
-# megatron-core repeats these on every rank at import time. Without Transformer Engine and apex (CPU,
-# laptops) the torch fallbacks are what we want, and the CUDA-graph note concerns a default we don't use.
-for _message in (
-    "Transformer Engine and Apex are not installed",
-    "Apex is not installed",
-    "full scope is deprecated",
-):
-    warnings.filterwarnings("ignore", message=_message, category=UserWarning)
 
 
 @dataclass(frozen=True)
@@ -72,20 +64,14 @@ class ParallelLayout:
 
     @cached_property
     def tp_group(self) -> ProcessGroup:
-        from megatron.core import parallel_state
-
         return parallel_state.get_tensor_model_parallel_group()
 
     @cached_property
     def pp_group(self) -> ProcessGroup:
-        from megatron.core import parallel_state
-
         return parallel_state.get_pipeline_model_parallel_group()
 
     @cached_property
     def dp_group(self) -> ProcessGroup:
-        from megatron.core import parallel_state
-
         return parallel_state.get_data_parallel_group()
 
     def describe(self) -> str:
@@ -96,21 +82,19 @@ class ParallelLayout:
 
     @classmethod
     def from_parallel_state(cls, env: ProcessEnv, device: torch.device, backend: str) -> ParallelLayout:
-        from megatron.core import parallel_state as ps
-
         return cls(
             world_size=env.world_size,
             rank=env.rank,
             local_rank=env.local_rank,
             node=env.node,
             master_addr=env.master_addr,
-            tp_size=ps.get_tensor_model_parallel_world_size(),
-            pp_size=ps.get_pipeline_model_parallel_world_size(),
-            dp_size=ps.get_data_parallel_world_size(),
-            tp_rank=ps.get_tensor_model_parallel_rank(),
-            pp_rank=ps.get_pipeline_model_parallel_rank(),
-            dp_rank=ps.get_data_parallel_rank(),
-            pp_last_rank=ps.get_pipeline_model_parallel_last_rank(),
+            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+            pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+            pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            pp_last_rank=parallel_state.get_pipeline_model_parallel_last_rank(),
             device=device,
             backend=backend,
         )
@@ -125,26 +109,10 @@ def initialize(
     `timeout`: of every collective; default `parallel.timeout_minutes`. A trainer whose ranks wait in a
     collective while one of them generates passes `trainer.timeout.collective_timeout(job, world_size)`.
     """
-    from megatron.core import parallel_state, tensor_parallel
-
     env = process_env()
-    # Megatron's TP communication overlap relies on one hardware queue ordering kernels; set it before
-    # CUDA initialises (srun/torchrun users need not remember it).
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    use_cuda = torch.cuda.is_available()
-    # With CUDA, `auto` pairs NCCL (CUDA tensors) with gloo (CPU tensors): the driver all-reduces small
-    # host-side values (stop flags, loss reports) that NCCL alone would reject.
-    backend = (
-        parallel.backend if parallel.backend != "auto" else ("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
-    )
-    if use_cuda:
-        torch.cuda.set_device(env.local_rank)
-        device = torch.device("cuda", env.local_rank)
-    else:
-        from dapo_megatron.distributed import cpu_compat
-
-        cpu_compat.apply()
-        device = torch.device("cpu")
+    device_backend = backends.detect()
+    backend = parallel.backend if parallel.backend != "auto" else device_backend.process_group_backend
+    device = device_backend.start(env.local_rank)
 
     if not torch.distributed.is_initialized():
         # Slurm's srun sets no MASTER_* for torch's env:// rendezvous; pass them explicitly.
@@ -169,8 +137,6 @@ def initialize(
 
 def shutdown() -> None:
     """Tear down megatron-core's groups and the default process group (safe to call twice)."""
-    from megatron.core import parallel_state
-
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():

@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dapo_megatron import backends
+from dapo_megatron.versions import package_version
+
 FP8_FORMATS = ("hybrid", "e4m3")
 """`hybrid`: e4m3 forward, e5m2 for gradients (the usual training choice); `e4m3` everywhere."""
 
@@ -184,20 +187,18 @@ def compute_off(config: Any) -> Iterator[None]:
 
 
 def detect_environment() -> Fp8Environment:
-    import torch
-
-    from dapo_megatron.versions import package_version
-
     installed = package_version("TE")
     # "unknown": a source build with neither metadata nor __version__; FP8 then refuses with the reason.
     te_version = _major_minor(installed) if installed and installed != "unknown" else None
-    if not torch.cuda.is_available():
+    backend = backends.detect()
+    device_name = backend.device_name()
+    if device_name is None:
         return Fp8Environment(te_version=te_version, cuda_available=False)
     return Fp8Environment(
         te_version=te_version,
         cuda_available=True,
-        device_name=torch.cuda.get_device_name(),
-        compute_capability=torch.cuda.get_device_capability(),
+        device_name=device_name,
+        compute_capability=backend.device_capability(),
     )
 
 

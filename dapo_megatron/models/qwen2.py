@@ -13,17 +13,23 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 import torch
+from megatron.core.fp8_utils import get_fp8_context
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
+from dapo_megatron import backends
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import fp8
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.fused_kernels import fused_kernel_flags
+from dapo_megatron.models.norm import RMSNorm
 
 if TYPE_CHECKING:
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer import TransformerConfig
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-
     from dapo_megatron.distributed.layout import ParallelLayout
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,13 +48,9 @@ def resolve_transformer_impl(model: ModelConfig, fp8_env: fp8.Fp8Environment | N
         return "transformer_engine"
     te_installed = importlib.util.find_spec("transformer_engine") is not None
     if model.transformer_impl == "auto":
-        return "transformer_engine" if te_installed and torch.cuda.is_available() else "local"
+        return "transformer_engine" if te_installed and backends.detect().runs_transformer_engine else "local"
     if model.transformer_impl == "transformer_engine":
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "model.transformer_impl=transformer_engine needs a CUDA GPU; this machine has none. "
-                "Use model.transformer_impl=local (or auto) on CPU."
-            )
+        backends.detect().check_transformer_engine()
         if not te_installed:
             raise RuntimeError(
                 "model.transformer_impl=transformer_engine but Transformer Engine is not installed. "
@@ -63,8 +65,6 @@ def transformer_config(
 ) -> TransformerConfig:
     """megatron-core's TransformerConfig for a Qwen2 model under the given parallel layout (`fp8_env`: see
     `resolve_transformer_impl`)."""
-    from megatron.core.transformer import TransformerConfig
-
     dtype = _DTYPES[model.params_dtype]
     on_gpu_with_te = resolve_transformer_impl(model, fp8_env) == "transformer_engine"
     return TransformerConfig(
@@ -99,7 +99,7 @@ def transformer_config(
         # data parallel and divides the gradients once, so every loss is an exact mean over the whole
         # optimizer batch whatever the DP size and micro-batch split (see trainer/forward.py).
         calculate_per_token_loss=True,
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=backends.detect().init_on_host,
         **fused_kernel_flags(on_gpu_with_te),
         **parallel.recompute_kwargs(),
         **fp8.transformer_config_kwargs(model.fp8),
@@ -110,14 +110,6 @@ def local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     """This stage's block of megatron-core's local (torch) layers, with the project's RMSNorm in every
     layer and as the final norm: megatron-core's own torch norm refuses sequence parallelism
     (`models/norm.py`)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_block import (
-        TransformerBlockSubmodules,
-        get_num_layers_to_build,
-    )
-
-    from dapo_megatron.models.norm import RMSNorm
-
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
     layer = dataclasses.replace(
         layer,
@@ -130,10 +122,6 @@ def local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
 
 def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, layout: ParallelLayout) -> GPTModel:
     """This rank's part of the policy: its TP shard of the layers of its pipeline stage."""
-    from megatron.core.fp8_utils import get_fp8_context
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
     config = transformer_config(model, parallel)
     if resolve_transformer_impl(model) == "transformer_engine":
         layer_spec = get_gpt_layer_with_transformer_engine_spec()

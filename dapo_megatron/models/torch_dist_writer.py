@@ -19,11 +19,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.strategies.torch import (
+    MCoreSavePlanner,
+    TorchDistSaveShardedStrategy,
+    _replace_state_dict_keys_with_sharded_keys,
+    mcore_to_pyt_state_dict,
+)
+from torch.distributed import checkpoint as dcp
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.qwen2 import build_gpt_model
 from dapo_megatron.models.safetensors_reader import SafetensorsReader
+from dapo_megatron.models.weights import local_params
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
@@ -39,11 +49,6 @@ def save_hf_as_torch_dist(
 ) -> None:
     """Write `hf_dir`'s weights to the torch_dist directory `out_dir` (megatron-core's files only). Needs a
     one-process TP1 x PP1 `layout` (initialised). `progress(done, total, bytes_read)` after each parameter."""
-    from megatron.core import dist_checkpointing
-
-    from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import local_params
-
     if layout.world_size != 1:
         raise ValueError(f"save_hf_as_torch_dist runs in one process; this job has {layout.world_size} ranks")
     meta = dataclasses.replace(layout, device=torch.device("meta"))
@@ -117,13 +122,6 @@ _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME and hasattr(ctypes.CDLL(_LIBC_NAME
 
 def _strategy(source: _HFSource) -> Any:
     """megatron-core's torch_dist save strategy, writing with torch's own (lazily resolving) writer."""
-    from megatron.core.dist_checkpointing.strategies.torch import (
-        MCoreSavePlanner,
-        TorchDistSaveShardedStrategy,
-        _replace_state_dict_keys_with_sharded_keys,
-        mcore_to_pyt_state_dict,
-    )
-    from torch.distributed import checkpoint as dcp
 
     class Planner(MCoreSavePlanner):
         def resolve_data(self, write_item: Any) -> Any:

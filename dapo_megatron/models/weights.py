@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dapo_megatron.models import hf_mapping
+from dapo_megatron.models import hf_export, hf_io, hf_mapping
 from dapo_megatron.models.config import ModelConfig
+from dapo_megatron.models.safetensors_reader import SafetensorsReader
 
 if TYPE_CHECKING:
     from dapo_megatron.distributed.layout import ParallelLayout
@@ -168,8 +169,6 @@ def export_hf(
     config.json is `cfg.to_hf_config()`. If any rank fails, every rank raises and
     the staging directory is removed.
     """
-    from dapo_megatron.models import hf_export, hf_io
-
     finish_param_gather(model)
     dtype = next(unwrap_model(model).parameters()).dtype
     staging: list[Path | None] = [hf_export.make_staging(out_dir) if layout.rank == 0 else None]
@@ -238,8 +237,6 @@ def load_hf_weights(
     rank checks the checkpoint's shapes (its headers) so that a mismatch stops every rank. Values are cast to
     the model's dtype. `progress(done, total, bytes_read)` is called after each parameter.
     """
-    from dapo_megatron.models.safetensors_reader import SafetensorsReader
-
     params = list(local_params(model, cfg, layout))
     if cfg.tie_word_embeddings and layout.is_last_stage and not layout.is_first_stage:
         # The last stage's copy of a tied embedding is a separate tensor; give it the same values.

@@ -57,15 +57,13 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from dapo_megatron import backends
+from dapo_megatron.config import ConfigError, JobConfig, validate
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.sequence_padding import job_sequence_multiple, padded_length
-from dapo_megatron.trainer.placement import check_overlap, engine_placement
-
-if TYPE_CHECKING:
-    from dapo_megatron.config import JobConfig
+from dapo_megatron.trainer.placement import engine_placement
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -691,8 +689,6 @@ def validate_for_cluster(job: JobConfig) -> None:
     Raises:
         ConfigError: naming the field and the fix.
     """
-    from dapo_megatron.config import ConfigError, validate
-
     validate(job, world_size=job.cluster.world_size)
     etp, gpus = job.rollout.engine_tp_size, job.cluster.gpus_per_node
     if gpus % etp:
@@ -701,8 +697,8 @@ def validate_for_cluster(job: JobConfig) -> None:
             f"GPUs must be on one node; choose a divisor of {gpus}."
         )
     try:
-        engine_placement(job.cluster.world_size, job.rollout, device="cuda")
-        check_overlap(job.trainer, device="cuda")
+        engine_placement(job.cluster.world_size, job.rollout, backends.CUDA)
+        backends.CUDA.check_overlap(job.trainer.overlap_rollout)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     heads, groups = job.model.num_attention_heads, job.model.num_query_groups
@@ -728,8 +724,6 @@ def suggest_layout(job: JobConfig) -> tuple[dict[str, object], MemoryPlan] | Non
     """The nearest layout that fits on `job.cluster`: the fewest changed fields (at most
     MAX_SUGGESTED_CHANGES), then the cheapest to run (no recompute, less model parallelism, larger
     micro-batches). Returns ({field: value} of the changes, its plan), or None when none fits."""
-    from dapo_megatron.config import ConfigError
-
     current = _knobs(job)
     states = StageStates(job.model, job.optim.optimizer)
     candidates = []

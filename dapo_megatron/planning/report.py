@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from dapo_megatron import backends
+from dapo_megatron.config import ConfigError, JobConfig
 from dapo_megatron.planning.checkpoint import GB, CheckpointPlan, plan_checkpoint
 from dapo_megatron.planning.memory import (
     GIB,
@@ -23,12 +24,10 @@ from dapo_megatron.planning.memory import (
     data_parallel_size,
     plan_memory,
     suggest_layout,
+    validate_for_cluster,
 )
 from dapo_megatron.planning.stop import WEIGHT_SYNC_GB_PER_S, StopLead, plan_stop_lead
 from dapo_megatron.trainer.placement import engine_placement
-
-if TYPE_CHECKING:
-    from dapo_megatron.config import JobConfig
 
 MEGATRON_RANK_ORDER = "tp-cp-ep-dp-pp"
 """`parallel_state.initialize_model_parallel`'s default: TP ranks adjacent (inside a node), PP outermost."""
@@ -62,7 +61,7 @@ def rank_placements(job: JobConfig) -> list[RankPlacement]:
             rank: index for group in generator.get_ranks(axis) for index, rank in enumerate(group)
         }
     layers = job.model.num_layers // pp
-    engines = engine_placement(job.cluster.world_size, job.rollout, device="cuda")
+    engines = engine_placement(job.cluster.world_size, job.rollout, backends.CUDA)
     return [
         RankPlacement(
             rank=rank,
@@ -113,7 +112,7 @@ def describe_layout(job: JobConfig) -> str:
         f"training: TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x DP "
         f"{data_parallel_size(job)}, sequence parallel {'on' if par.sequence_parallel else 'off'}, "
         f"distributed optimizer {'on' if par.use_distributed_optimizer else 'off'}, recompute {recompute}\n"
-        f"rollout: {engine_placement(cluster.world_size, rollout, device='cuda').num_engines} SGLang "
+        f"rollout: {engine_placement(cluster.world_size, rollout, backends.CUDA).num_engines} SGLang "
         f"engine(s) x TP {rollout.engine_tp_size}, mem_fraction_static {rollout.mem_fraction_static:g}"
     )
 
@@ -257,9 +256,6 @@ def report(job: JobConfig, *, show_ranks: bool) -> int:
     """Validate `job` for `cluster.*`; print its layout (with every rank's placement when `show_ranks`), the
     memory plan and the verdict. Returns the exit status: 0 fits, 1 does not fit (the nearest layout that
     does is printed), 2 invalid config (the error names the field)."""
-    from dapo_megatron.config import ConfigError
-    from dapo_megatron.planning.memory import validate_for_cluster
-
     try:
         validate_for_cluster(job)
     except ConfigError as error:

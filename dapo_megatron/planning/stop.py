@@ -45,7 +45,7 @@ def update_flops(job: JobConfig) -> tuple[float, float]:
     """(model FLOPs of the optimizer steps of one rollout step, of the old log-prob forward pass before
     them), every one of the train_batch_size x n_samples_per_prompt rollouts at full length. The forward pass
     runs when the batch feeds several optimizer steps and algo.old_log_prob_source=trainer
-    (`train.update_policy`)."""
+    (`trainer.actor.update_policy`)."""
     rollouts = job.trainer.train_batch_size * job.rollout.n_samples_per_prompt
     multiple = job_sequence_multiple(job.parallel, job.model.fp8)
     length = padded_length(job.rollout.max_sequence_tokens, multiple)

@@ -18,7 +18,6 @@ Log-prob semantics (SGLang defaults, verified against Hugging Face in tests/inte
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import sys
@@ -32,6 +31,7 @@ from typing import Any, NoReturn, TextIO, cast
 
 import requests
 from requests.adapters import HTTPAdapter
+from tqdm import tqdm
 
 from dapo_megatron.records import FinishReason, Sample
 from dapo_megatron.rollout.config import RolloutConfig
@@ -500,17 +500,9 @@ class _Progress:
         self._start = self._last_line = time.monotonic()
         self._bar = None
         if self.stream.isatty():
-            with contextlib.suppress(ImportError):
-                from tqdm import tqdm
-
-                self._bar = tqdm(
-                    total=total,
-                    desc="rollout",
-                    unit="sample",
-                    dynamic_ncols=True,
-                    leave=False,
-                    file=self.stream,
-                )
+            self._bar = tqdm(
+                total=total, desc="rollout", unit="sample", dynamic_ncols=True, leave=False, file=self.stream
+            )
 
     def update(self, samples: int) -> None:
         self.samples += samples

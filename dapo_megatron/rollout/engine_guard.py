@@ -5,7 +5,7 @@ the server's API key out of command lines and logs.
         -- MODULE [ARGS...]
 
 It leads a session of its own (the trainer starts it so) and runs `python -m MODULE ARGS` (SGLang's launcher,
-or `rollout/sglang_cpu.py`) in that session, with
+or `backends/sglang_cpu.py`) in that session, with
 * the API key: read from `API_KEY_ENV` and added as `--api-key` and `--admin-api-key` inside the server
   process (`--serve`), so that it shows in no command line (`ps` shows those to every user of the node).
   SGLang prints its arguments, key included, when it starts: the server's output reaches the log through

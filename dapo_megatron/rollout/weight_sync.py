@@ -4,7 +4,7 @@ Megatron shards (any TP x PP, any DP) -> one full parameter at a time (TP all-ga
 tensors through `models.hf_mapping` (the same mapping the converters use) -> buckets of at most
 `rollout.sync_bucket_mb` -> the engine, between `begin_weight_update` and `end_weight_update` (required
 from SGLang 0.5.21 on). Each bucket is a single uint8 buffer in SGLang's flattened-bucket layout (on CPU
-the engine receives views of it, see `rollout/cpu_weight_loader.py`).
+the engine receives views of it, see `backends/cpu_weight_loader.py`).
 
 Each pipeline stage pushes its own layers (from its data-parallel rank 0, tensor-parallel rank 0), so
 nothing is funnelled through one rank and at most one bucket beyond the model is alive per stage.
@@ -40,10 +40,11 @@ from urllib.parse import urlsplit
 import requests
 import torch
 
+from dapo_megatron import backends
+from dapo_megatron.backends.cpu_weight_loader import named_views
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.weights import finish_param_gather, iter_full_tensors
-from dapo_megatron.rollout import cpu_weight_loader
 from dapo_megatron.rollout.engine import address_towards
 from dapo_megatron.rollout.engine_auth import ENGINE_AUTH
 
@@ -116,17 +117,14 @@ def flatten_bucket(
     """SGLang's flattened-bucket payload: one uint8 buffer plus a `BucketEntry` per tensor.
 
     The tensors are copied once, into `staging` when it is given and large enough (a persistent shared-memory
-    buffer on CPU), else into a new buffer (shared memory on CPU, device memory on GPU).
+    buffer on CPU), else into a new buffer the engine can open (`Backend.bucket_buffer`).
     """
     total = bucket_nbytes(bucket)
     if staging is not None and staging.numel() >= total:
         flat = staging[:total]
     else:
-        flat = (
-            shared_buffer(total)
-            if bucket[0][1].device.type == "cpu"
-            else torch.empty(total, dtype=torch.uint8, device=bucket[0][1].device)
-        )
+        device = bucket[0][1].device
+        flat = backends.of(device).bucket_buffer(total, device)
     metadata, start = [], 0
     for name, tensor in bucket:
         raw = tensor.detach().contiguous().view(-1).view(torch.uint8)
@@ -138,15 +136,6 @@ def flatten_bucket(
     return {"flattened_tensor": flat, "metadata": metadata}
 
 
-def named_views(payload: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors of a `flatten_bucket` payload, as views of its buffer."""
-    flat = payload["flattened_tensor"]
-    return [
-        (meta.name, flat[meta.start_idx : meta.end_idx].view(meta.dtype).view(meta.shape))
-        for meta in payload["metadata"]
-    ]
-
-
 def with_in_place(payload: dict[str, Any], in_place: list[tuple[str, torch.Tensor]]) -> Payload:
     """`payload`, and with it the tensors set aside so far to be read where they lie (emptying `in_place`):
     one request and one cache flush for both. With the usual bucket size every staged tensor fits one bucket,
@@ -156,12 +145,6 @@ def with_in_place(payload: dict[str, Any], in_place: list[tuple[str, torch.Tenso
     merged = [*named_views(payload), *in_place]
     in_place.clear()
     return merged
-
-
-def shared_buffer(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor allocated directly in shared memory (`share_memory_()` on a fresh tensor would allocate
-    it twice and copy it, several times the cost of copying into a buffer reused across syncs)."""
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
 def serialize(payload: Any) -> str:
@@ -217,6 +200,7 @@ class WeightSync:
     ) -> None:
         self.urls = list(engine_urls)
         self.cfg, self.layout = model_cfg, layout
+        self.backend = backends.of(layout.device)
         self.bucket_bytes = bucket_bytes
         self.engine_tp_size = engine_tp_size
         self.timeout_s = timeout_s
@@ -244,9 +228,8 @@ class WeightSync:
             sender = senders[stage]
             direct, relayed = [], {}
             for url, owner in zip(self.urls, owners, strict=True):
-                # Shared memory reaches every process of a node; a GPU buffer is best opened by the engine's
-                # own GPU, and nothing of ours reaches another node.
-                reachable = layout.device.type == "cpu" and ranks[owner][0] == ranks[sender][0]
+                # Nothing of ours reaches another node (`Backend.engine_relays_weights`: on one).
+                reachable = self.backend.engine_relays_weights and ranks[owner][0] == ranks[sender][0]
                 if self.relays and owner != sender and not reachable:
                     relayed.setdefault(owner, []).append(url)
                 else:
@@ -389,46 +372,26 @@ class TensorWeightSync(WeightSync):
 
     relays = True
 
-    def _open(self) -> None:
-        if self.layout.device.type == "cpu":
-            # The default strategy passes file descriptors, which only processes sharing our multiprocessing
-            # authkey can receive; SGLang's scheduler fails to unpickle them and crashes.
-            torch.multiprocessing.set_sharing_strategy("file_system")
-
     def sync(self, model: torch.nn.Module, version: str) -> SyncStats:
-        if self.layout.device.type == "cpu":
-            # Parameters in shared memory reach a same-node engine with no copy on our side: every tensor the
-            # HF mapping yields as a view of one (all but the split q/k/v) is pickled where it lies, and only
-            # the rest goes through the staging buffer, which saves a copy of most of the bytes (see
-            # bench/RESULTS.md, 'Weight sync').
-            # `share_memory_` moves a storage once and in place, so views (DDP's buffers) follow.
-            for param in model.parameters():
-                if not param.untyped_storage().is_shared():
-                    param.data.share_memory_()
+        self.backend.share_with_engines(list(model.parameters()))
         return super().sync(model, version)
 
     def _set_aside(
         self, named: Iterator[tuple[str, torch.Tensor]], into: list[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in named:
-            if tensor.device.type == "cpu" and tensor.untyped_storage().is_shared():
+            if self.backend.engine_opens_in_place(tensor):
                 into.append((name, tensor))
             else:
                 yield name, tensor
 
     def _staging_for(self, nbytes: int) -> torch.Tensor | None:
-        # On GPU every bucket gets a fresh device buffer: the engine's copy out of an IPC handle is not
-        # synchronised with our next write into it.
-        return self._host_staging(nbytes, shared_buffer) if self.layout.device.type == "cpu" else None
+        if not self.backend.reuses_bucket_buffer:
+            return None
+        return self._host_staging(nbytes, lambda size: self.backend.bucket_buffer(size, self.layout.device))
 
     def _deliver(self, urls: Sequence[str], payload: Payload, version: str) -> None:
-        load_format = None
-        if self.layout.device.type == "cpu":
-            # Named views of the staging buffer instead of SGLang's flattened format, so that every tensor of
-            # a sync goes through the engine's loader that keeps shared memory mapped between syncs.
-            if isinstance(payload, dict):
-                payload = named_views(payload)
-            load_format = cpu_weight_loader.LOAD_FORMAT
+        payload, load_format = self.backend.engine_payload(payload)
         push_bucket(
             urls,
             payload,

@@ -7,22 +7,27 @@ sequence-mean ablations count sequences instead). Each micro-batch returns its l
 count; megatron-core's `calculate_per_token_loss` machinery all-reduces the counts and divides the
 gradients once (see `trainer/forward.py`). No micro-batch ever divides by its own count, which is what
 makes the result independent of the DP size and the micro-batch split.
+
+`update_policy` is a rollout step's update: the old log-probs where the steps need them, then one
+`Actor.train_step` per mini-batch.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from dapo_megatron import backends
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.algo.logprobs import vocab_parallel_logprobs
 from dapo_megatron.algo.loss import compute_actor_loss
 from dapo_megatron.distributed.layout import ParallelLayout
-from dapo_megatron.records import PolicyMicroBatch, PolicyRows
+from dapo_megatron.records import PolicyMicroBatch, PolicyRows, RankShare
 from dapo_megatron.trainer.forward import LossFn, run_schedule
 from dapo_megatron.trainer.optimizer import (
     check_optimizer_kind,
@@ -276,12 +281,46 @@ class Actor:
         return metrics
 
 
+def update_policy(
+    actor: Actor,
+    share: RankShare,
+    *,
+    off_policy: bool = False,
+    before_each_step: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """train_batch_size / ppo_mini_batch_size optimizer steps on this rank's share. With more than one,
+    the later steps are off-policy, so they need the old log-probs: computed once before the first update,
+    or the engine's (`algo.old_log_prob_source`). With exactly one, the ratio is 1 by construction and
+    no old log-probs are needed, unless the batch was sampled by older weights (`off_policy`: generated
+    ahead; or rows that lag, carried over), whose log-probs the engine gave. Against the trainer's π_old,
+    the rows that lag get decoupled PPO's behaviour weight in the loss (`algo.lag_is_cap`)."""
+    started, old_log_prob_seconds = time.perf_counter(), 0.0
+    steps = len(share.micro_batch_sizes)
+    off_policy = off_policy or share.rows.any_lagged
+    if (steps > 1 or off_policy) and actor.algo.old_log_prob_source == "rollout":
+        # The engine's log-probs become π_old; kept as rollout log-probs too they would report a
+        # trainer-engine mismatch of exactly zero, so they are not.
+        share.rows.old_log_prob, share.rows.rollout_log_prob = share.rows.rollout_log_prob, None
+    elif steps > 1:
+        share.rows.old_log_prob = actor.compute_log_probs(share.rows, share.all_micro_batch_sizes)
+        old_log_prob_seconds = time.perf_counter() - started
+    per_step = []
+    for mini, micro in share.mini_batches():
+        before_each_step()
+        per_step.append(actor.train_step(mini, micro))
+    metrics = {f"actor/{name}": value for name, value in combine_steps(per_step).items()}
+    metrics["timing_s/update_actor"] = time.perf_counter() - started - old_log_prob_seconds
+    if old_log_prob_seconds:
+        metrics["timing_s/old_log_prob"] = old_log_prob_seconds
+    return metrics
+
+
 def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": backends.detect().rng_state(),  # the accelerator's generators (None on CPU)
     }
 
 
@@ -290,4 +329,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        backends.detect().set_rng_state(state["cuda"])

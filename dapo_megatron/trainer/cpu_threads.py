@@ -3,7 +3,7 @@
 On CPU the SGLang engine and the policy compute on the same cores, so each takes the rank's whole share of
 them only while the other is idle, and otherwise keeps to the threads it was started with. What each side
 does is documented where it is switched on: `trainer.cpu_idle_cores` (the trainer, set here from the
-training thread) and `rollout.cpu_idle_cores` (the engine, told through `rollout/engine_threads.py`). On GPUs
+training thread) and `rollout.cpu_idle_cores` (the engine, told through `backends/engine_threads.py`). On GPUs
 nothing changes.
 """
 
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_megatron.rollout.engine import CPU_ENGINE_THREADS
+from dapo_megatron.backends.base import Backend
+from dapo_megatron.backends.cpu import CPU_ENGINE_THREADS
 
 if TYPE_CHECKING:
     from dapo_megatron.rollout.engine import SGLangEngine
@@ -58,7 +59,7 @@ class TrainerThreads:
     @classmethod
     def for_job(
         cls,
-        device_type: str,
+        backend: Backend,
         *,
         use_idle_cores: bool,
         ranks_on_node: int,
@@ -68,7 +69,7 @@ class TrainerThreads:
         """`engine`: the CPU engine this rank launched, if any; with `engine_idle_cores` it computes on the
         rank's share of the cores while the trainer waits for it."""
         started_with = torch.get_num_threads()
-        if device_type != "cpu":
+        if not backend.engine_follows_thread_count:  # no cores shared with an engine
             return cls(beside_engine=started_with, alone=started_with)
         share = cores_per_rank(ranks_on_node)
         # Without OMP_NUM_THREADS torch starts on every core, the engine's too: leave the engine the one

@@ -17,9 +17,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dapo_megatron.backends.base import Backend
 from dapo_megatron.config import JobConfig
+from dapo_megatron.rollout import engine_auth
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.trainer.placement import check_overlap, engine_placement
+from dapo_megatron.rollout.engine import SGLangEngine, address_towards
+from dapo_megatron.rollout.engine_record import EngineRecord, liveness_check, raise_if_any_died
+from dapo_megatron.trainer.placement import engine_placement
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +31,6 @@ if TYPE_CHECKING:
     from dapo_megatron.distributed.launch import ProcessEnv
     from dapo_megatron.distributed.layout import ParallelLayout
     from dapo_megatron.rollout.client import RolloutClient
-    from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
     from dapo_megatron.rollout.weight_sync import WeightSync
     from dapo_megatron.trainer.actor import Actor
     from dapo_megatron.trainer.sync_probe import SyncProbe
@@ -48,8 +51,6 @@ def engine_host(world_size: int, master_addr: str, environ: Mapping[str, str] | 
     """Where an engine listens: loopback when every process that talks to it (the driving rank, the weight
     senders, its own rank) is on its node, else this node's address towards the rendezvous host, where the
     driving rank can reach it. Either way only holders of its API key get an answer."""
-    from dapo_megatron.rollout.engine import address_towards
-
     return "127.0.0.1" if job_on_one_node(world_size, environ) else address_towards(master_addr)
 
 
@@ -83,18 +84,25 @@ class EngineFleet:
     Args:
         rank, world_size, local_rank, master_addr: this process's place (`distributed/launch.ProcessEnv`); no
             process group is needed until `connect`.
-        device: "cuda" (engines colocated with the trainer's GPUs) or "cpu".
+        backend: the device's (`backends/`): how engines start and step aside beside the policy.
     Raises ValueError naming the field when the engines cannot be placed (`trainer/placement.py`).
     """
 
     def __init__(
-        self, job: JobConfig, *, rank: int, world_size: int, local_rank: int, master_addr: str, device: str
+        self,
+        job: JobConfig,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        master_addr: str,
+        backend: Backend,
     ) -> None:
-        self.job, self.device = job, device
+        self.job, self.backend = job, backend
         self.rank, self.local_rank, self.master_addr = rank, local_rank, master_addr
         self.world_size = world_size
-        self.placement = engine_placement(world_size, job.rollout, device)
-        check_overlap(job.trainer, device)
+        self.placement = engine_placement(world_size, job.rollout, backend)
+        backend.check_overlap(job.trainer.overlap_rollout)
         self.engine: SGLangEngine | None = None
         """The engine this rank launched."""
         self.records: list[EngineRecord] = []
@@ -106,7 +114,7 @@ class EngineFleet:
         self._last_check = -1
 
     @classmethod
-    def of_process(cls, job: JobConfig, env: ProcessEnv | ParallelLayout, device: str) -> EngineFleet:
+    def of_process(cls, job: JobConfig, env: ProcessEnv | ParallelLayout, backend: Backend) -> EngineFleet:
         """The fleet as this process (`env`: its place) sees it."""
         return cls(
             job,
@@ -114,16 +122,14 @@ class EngineFleet:
             world_size=env.world_size,
             local_rank=env.local_rank,
             master_addr=env.master_addr,
-            device=device,
+            backend=backend,
         )
 
     @property
     def launches_before_policy(self) -> bool:
-        """On CPU the engine starts before the policy is built, so SGLang's start-up (~6.5 s of one core,
-        mostly imports) overlaps with the trainer's; `train.py` launches it before it imports torch. Not on
-        GPUs: the engine sizes its KV cache from the memory left free, which must already exclude the
-        policy's."""
-        return self.device == "cpu"
+        """Whether this rank's engine starts before its policy is built (`Backend.engine_before_policy`; on
+        CPU `train.py` launches it before it imports torch)."""
+        return self.backend.engine_before_policy
 
     @property
     def log_files(self) -> list[Path]:
@@ -139,8 +145,6 @@ class EngineFleet:
 
         On GPUs collective: every rank calls it once its policy is built and its state offloaded, and no
         engine starts before all of them have."""
-        from dapo_megatron.rollout.engine import SGLangEngine
-
         if not self.launches_before_policy:
             import torch
 
@@ -159,7 +163,7 @@ class EngineFleet:
             rollout_config(job),
             log_file=log_file,
             host=engine_host(self.world_size, self.master_addr),
-            device=self.device,
+            backend=self.backend,
             base_gpu_id=self.local_rank,
             index=index,
         ).launch()
@@ -168,8 +172,6 @@ class EngineFleet:
         """Wait for this rank's engine, then exchange every engine's record, and with it its API key.
         Collective."""
         import torch
-
-        from dapo_megatron.rollout import engine_auth
 
         if self.engine is not None:
             self.engine.wait_until_ready()
@@ -192,8 +194,6 @@ class EngineFleet:
 
     def liveness_check(self) -> Callable[[str], None]:
         """A `RolloutClient.on_error` hook that names the engine that died and quotes its log."""
-        from dapo_megatron.rollout.engine import liveness_check
-
         return liveness_check(self.watched)
 
     def open_sync(self, layout: ParallelLayout, probe: SyncProbe) -> None:
@@ -212,16 +212,11 @@ class EngineFleet:
         )
         self.probe = probe
 
-    @property
-    def _offloads(self) -> bool:
-        """On GPUs the engine gives its memory back while megatron trains (on CPU SGLang keeps it anyway)."""
-        return self.device == "cuda"
-
     def release_memory(self) -> None:
         """The engine steps aside for the update (GPU). Collective."""
         import torch
 
-        if self._offloads and self.engine is not None:
+        if self.backend.engine_memory_moves and self.engine is not None:
             self.engine.release_memory()
             self._released = True
         torch.distributed.barrier()
@@ -246,16 +241,15 @@ class EngineFleet:
         freed its part, and no engine is asked to generate before every engine holds its KV cache again."""
         import torch
 
-        from dapo_megatron.rollout.engine import raise_if_any_died
         from dapo_megatron.rollout.weight_sync import WeightSyncError
 
         started = time.perf_counter()
         version = f"step-{step}"
         released = self._released
-        if self._offloads:
+        if self.backend.engine_memory_moves:
             # PyTorch's caching allocator still holds the training step's peak; every rank hands it back to
             # the driver so SGLang can allocate its weights and KV cache in that memory.
-            torch.cuda.empty_cache()
+            self.backend.empty_cache()
             torch.distributed.barrier()
         if released:
             self.engine.resume_memory(["weights"])
@@ -273,13 +267,13 @@ class EngineFleet:
         moving = time.perf_counter()
         offload_seconds = offload() if offload is not None else 0.0
         moved = time.perf_counter() - moving
-        if self._offloads:
-            torch.cuda.empty_cache()  # the sync's and the probe's buffers, the state `offload` moved out
+        if self.backend.engine_memory_moves:
+            self.backend.empty_cache()  # the sync's and the probe's buffers, the state `offload` moved out
             torch.distributed.barrier()  # every rank's state has left before an engine takes its KV cache
         if released:
             self.engine.resume_memory(["kv_cache", "cuda_graph"])
             self._released = False
-        if self._offloads:
+        if self.backend.engine_memory_moves:
             # SGLang does not refuse a request while its KV cache is released: the driving rank's probe and
             # rollouts wait for every engine.
             torch.distributed.barrier()

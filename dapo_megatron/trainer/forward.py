@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dapo_megatron.distributed.layout import ParallelLayout
 from dapo_megatron.models.sequence_padding import model_sequence_multiple, padded_length
@@ -47,8 +48,6 @@ def run_schedule(
     (`models/sequence_padding.py`); causal attention keeps the padding from touching real positions,
     and `loss_fn` gets the output cut back to the micro-batch's own width.
     """
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     multiple = model_sequence_multiple(model.config)
 
     device = next(model.parameters()).device

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from dapo_megatron import backends
+
 
 @dataclass
 class _Moved:
@@ -59,6 +61,7 @@ class TrainerStateOffload:
         self._host_buffers: dict[int, list[torch.Tensor]] = {}
         """nbytes -> host buffers of that size, kept for the next offload."""
         self.device = next(model.parameters()).device
+        self.backend = backends.of(self.device)
 
     @property
     def offloaded(self) -> bool:
@@ -84,8 +87,7 @@ class TrainerStateOffload:
         self._synchronize()  # the copies must be complete before their sources are freed
         for moved in self._moved:
             moved.storage.resize_(0)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # give the freed blocks back to the driver, where SGLang can map them
+        self.backend.empty_cache()  # the freed blocks back to the driver, where a GPU engine can map them
         return time.perf_counter() - started
 
     def reload(self) -> float:
@@ -121,7 +123,7 @@ class TrainerStateOffload:
                 storage.device != self.device
                 or storage.nbytes() == 0
                 or storage.data_ptr() in seen
-                or (storage.device.type == "cpu" and storage.is_shared())
+                or self.backend.engine_opens_in_place(_bytes_of(storage))
             ):
                 continue
             seen.add(storage.data_ptr())
@@ -145,13 +147,12 @@ class TrainerStateOffload:
                 yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
     def _new_host_buffer(self, size: int) -> torch.Tensor:
-        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.backend.pin_host_memory())
         self._host_buffers.setdefault(size, []).append(buffer)
         return buffer
 
     def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.backend.synchronize(self.device)
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -5,16 +5,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from megatron.core.dist_checkpointing.mapping import (
+    LocalNonpersistentObject,
+    ShardedTensor,
+    ShardedTensorFactory,
+)
+from megatron.core.dist_checkpointing.optimizer import (
+    get_param_id_to_sharded_param_map,
+    make_sharded_optimizer_tensor,
+    optim_state_to_sharding_state,
+)
+from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.trainer.config import OptimConfig
-
-if TYPE_CHECKING:
-    import torch
-    from megatron.core.optimizer import MegatronOptimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 
 def build_optimizer(
@@ -33,9 +50,6 @@ def build_optimizer(
     On resume the checkpoint restores the step count only; lr, warm-up and weight decay come from this config,
     so a corrected recipe applies to a resumed run too.
     """
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     warmup = warmup_optimizer_steps(optim, optimizer_steps_per_rollout_step)
     config = OptimizerConfig(
         optimizer=optim.optimizer,
@@ -95,8 +109,6 @@ def sharded_optimizer_state(
 
     The distributed optimizer's state is described where it lies (`_distributed_sharded_state`): each rank
     saves and loads only its own shard, with no gather and no host copy beyond what the writer stages."""
-    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
-
     if is_loading:
         _allocate_distributed_state(optimizer)
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
@@ -135,9 +147,6 @@ def _distributed_sharded_state(part: Any, model_state: dict[str, Any], is_loadin
     optimizer's own tensor and a chunk of the global tensor, the irregular chunks that torch_dist stores
     (`dp_reshardable` stores such chunks too). The global tensors are those `fully_reshardable` wrote, so its
     checkpoints load with this template, and any TP x PP x DP layout reads them back."""
-    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
-    from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
-
     if is_loading:
         # megatron's own template step: allocates the state tensors a fresh optimizer lacks.
         part.load_state_dict(part.state_dict())
@@ -211,9 +220,6 @@ def _pieces(entry: Any) -> list[tuple[int, Any]]:
     its checkpoint stores apart: the tensor itself, or what a ShardedTensorFactory splits it into (SwiGLU's
     FC1 weight: its gate and up halves, each under its own global offset). The factory runs on a meta tensor
     of the local shape: only the offsets and shapes it produces are used."""
-    import torch
-    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
-
     if not isinstance(entry, ShardedTensorFactory):
         return [(0, entry)]
     meta = torch.empty(entry.data.shape, dtype=entry.data.dtype, device="meta")
@@ -229,8 +235,6 @@ def _piece_boxes(
 ) -> list[tuple[int, dict[str, Any]]]:
     """(start in the owned shard, {state key: ShardedTensor}) for each box of the model tensor part `piece`
     (flattened local elements [offset, offset + its size)) that falls in the `owned` range."""
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
     size = math.prod(piece.local_shape)
     first, last = max(owned.start, offset), min(owned.stop, offset + size)
     prepend = piece.prepend_axis_num
@@ -311,12 +315,6 @@ def _mixed_precision_sharded_state(
     """Float16OptimizerWithFloat16Params.sharded_state_dict, with the same keys, for models that also hold
     fp32 parameters (the local layers' norms): megatron-core 0.16.1 numbers the optimizer's parameters as
     if all were bf16/fp16 and fails on the first fp32 one."""
-    from megatron.core.dist_checkpointing.optimizer import (
-        get_param_id_to_sharded_param_map,
-        make_sharded_optimizer_tensor,
-        optim_state_to_sharding_state,
-    )
-
     if is_loading:
         part.init_state_fn(part.optimizer, part.config)
     state = part.state_dict()
@@ -356,8 +354,6 @@ def load_optimizer_state(optimizer: MegatronOptimizer, state: Any) -> None:
     """`optimizer.load_state_dict(state)` (the loaded `sharded_optimizer_state`), refusing with the config
     field to set when the checkpoint's optimizer split the parameters differently into decayed and exempt
     ones (optim.decay_all_parameters)."""
-    import torch
-
     saved, current = _exempts_some(state), _exempts_some({"param_groups": optimizer.param_groups})
     if saved != current:
         raise ValueError(
@@ -433,8 +429,6 @@ def _part_states(state: Any, count: int) -> list[Any]:
 
 
 def _torch_adam(part: Any) -> bool:
-    import torch
-
     return isinstance(part.optimizer, torch.optim.Adam | torch.optim.AdamW)
 
 
@@ -454,12 +448,6 @@ def _exempts_some(state: Any) -> bool:
 def wrap_for_training(model: torch.nn.Module, parallel: ParallelConfig) -> torch.nn.Module:
     """megatron DDP: gradients accumulate in fp32 buffers, are reduced over data parallel (averaged)
     and, with pipeline parallelism, tied embeddings are reduced between the first and last stage."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
     ddp = DistributedDataParallel(
         model.config,
         DistributedDataParallelConfig(
@@ -485,8 +473,6 @@ def _allocate_distributed_state(optimizer: MegatronOptimizer) -> None:
     in every parameter's state: before the first step there is none. Allocated here by the inner optimizer's
     own parameters: megatron-core's allocation (its load_state_dict) sizes them by the lookup that
     `_state_tensors` explains, wrong where a group mixes fp32 and 16-bit parameters."""
-    import torch
-
     for part in _distributed_parts(optimizer):
         if len(part.optimizer.state) or not _torch_adam(part):
             continue
@@ -500,7 +486,5 @@ def _allocate_distributed_state(optimizer: MegatronOptimizer) -> None:
 
 
 def _distributed_parts(optimizer: MegatronOptimizer) -> list[Any]:
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
     return [part for part in parts if isinstance(part, DistributedOptimizer)]

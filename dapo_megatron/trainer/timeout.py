@@ -14,8 +14,8 @@ from __future__ import annotations
 import datetime
 import math
 
-import torch
-
+from dapo_megatron import backends
+from dapo_megatron.backends.base import Backend
 from dapo_megatron.config import JobConfig
 from dapo_megatron.trainer.placement import engine_placement
 
@@ -34,13 +34,12 @@ def generation_bound_s(
     return math.ceil(prompts / in_flight) * request_timeout_s
 
 
-def collective_timeout(job: JobConfig, world_size: int, device: str | None = None) -> datetime.timedelta:
+def collective_timeout(job: JobConfig, world_size: int, backend: Backend | None = None) -> datetime.timedelta:
     """`parallel.timeout_minutes` plus the longest generation the other ranks may wait for in one collective
-    (a rollout step's rounds, then an evaluation when `eval.every` is set). `device`: cuda or cpu (default:
-    this machine's), which sets how many engines serve the rollouts."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    (a rollout step's rounds, then an evaluation when `eval.every` is set). `backend` (default: this
+    machine's) sets how many engines serve the rollouts."""
     rollout, trainer = job.rollout, job.trainer
-    engines = engine_placement(world_size, rollout, device).num_engines
+    engines = engine_placement(world_size, rollout, backend or backends.detect()).num_engines
     wait_s = trainer.max_gen_rounds * generation_bound_s(
         trainer.gen_batch_size,
         rollout.n_samples_per_prompt,

@@ -18,18 +18,22 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from dapo_megatron import checkpoint
+from dapo_megatron import config as job_config
+from dapo_megatron.config import JobConfig
 from dapo_megatron.data import arithmetic, char_tokenizer
-from dapo_megatron.distributed.layout import ParallelLayout
+from dapo_megatron.distributed.launch import process_env
+from dapo_megatron.distributed.layout import ParallelLayout, initialize, shutdown
 from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_line
+from dapo_megatron.models.qwen2 import build_gpt_model
+from dapo_megatron.models.weights import export_hf, load_hf_weights
 from dapo_megatron.rewards.math_dapo import compute_score
 from dapo_megatron.trainer.forward import MicroBatch, greedy_generate, run_schedule, vocab_parallel_argmax
-
-if TYPE_CHECKING:
-    from dapo_megatron.config import JobConfig
+from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
 
 
 def supervised_batch(problems: list[arithmetic.Problem]) -> MicroBatch:
@@ -161,8 +165,6 @@ def run(
 ) -> tuple[float, int]:
     """Train `model` (a DDP-wrapped chunk) until the target accuracy; returns the last measured accuracy
     and the number of steps taken. `earlier_steps`: of the warm-up this one continues."""
-    from dapo_megatron.trainer.optimizer import build_optimizer
-
     cfg = job.warmup
     optim = dataclasses.replace(job.optim, lr=cfg.lr, lr_warmup_rollout_steps=0, weight_decay=0.0)
     optimizer, scheduler = build_optimizer(model, optim, job.parallel, job.model)
@@ -232,14 +234,6 @@ def _global_token_mean(reports: list[dict[str, Any]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dapo_megatron import checkpoint
-    from dapo_megatron import config as job_config
-    from dapo_megatron.distributed.launch import process_env
-    from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.qwen2 import build_gpt_model
-    from dapo_megatron.models.weights import export_hf, load_hf_weights
-    from dapo_megatron.trainer.optimizer import wrap_for_training
-
     job = job_config.load(sys.argv[1:] if argv is None else argv, world_size=process_env().world_size)
     earlier = earlier_warmup(job)
     layout = initialize(job.parallel, job.seed)

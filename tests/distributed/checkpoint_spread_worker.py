@@ -38,9 +38,9 @@ SIZES = {
 
 
 def model_config(dtype: str, sizes: dict[str, int] | None = None) -> Any:
-    from dapo_megatron.models.config import ModelConfig
+    from tests.model_configs import small_model_config
 
-    return ModelConfig(**(sizes or SIZES), params_dtype=dtype, transformer_impl="local")
+    return small_model_config(**(sizes or SIZES), params_dtype=dtype, transformer_impl="local")
 
 
 def build(parallel_kwargs: dict[str, Any], cfg: Any) -> tuple[Any, Any, Any]:

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from dapo_megatron import backends
 from dapo_megatron import config as C
-from dapo_megatron.rollout import engine as engine_module
+from dapo_megatron.trainer import fleet as fleet_module
 from dapo_megatron.trainer.fleet import EngineFleet
 
 SLOW_S = 1.0
@@ -73,14 +74,16 @@ def run(layout: str, directory: Path, rank: int) -> None:
         [*engines, "rollout.sync_check=off", f"output_dir={directory / layout}", "model.hf_dir=m"],
         world_size=2,
     )
-    engine_module.SGLangEngine = stand_in_engine(log)  # what `EngineFleet.launch` makes
+    fleet_module.SGLangEngine = stand_in_engine(log)  # what `EngineFleet.launch` makes
 
     def offload() -> float:
         time.sleep(SLOW_S if rank == 1 else 0.0)
         log("offloaded")
         return 0.0
 
-    fleet = EngineFleet(job, rank=rank, world_size=2, local_rank=rank, master_addr="127.0.0.1", device="cuda")
+    fleet = EngineFleet(
+        job, rank=rank, world_size=2, local_rank=rank, master_addr="127.0.0.1", backend=backends.CUDA
+    )
     # The set-up's order on GPUs (trainer/setup.py): the policy is built and its state offloaded, then the
     # engines launch.
     offload()

@@ -44,14 +44,10 @@ def dapo_rows() -> dict[str, torch.Tensor]:
 
 
 def model_config():
-    from dapo_megatron.models.config import ModelConfig
+    from tests.model_configs import small_model_config
 
-    return ModelConfig(
+    return small_model_config(
         num_layers=4,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
         vocab_size=VOCAB,
         max_position_embeddings=64,
         params_dtype="float32",

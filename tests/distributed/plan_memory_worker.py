@@ -24,16 +24,14 @@ LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 
 
 def model_config(tied: bool):
-    from dapo_megatron.models.config import ModelConfig
+    from tests.model_configs import small_model_config
 
     # hidden 48 / 4 heads: head dim 12, so the QKV bias (96 elements) breaks the distributed optimizer's
     # 64-element alignment and the planner must reproduce megatron's padding.
-    return ModelConfig(
+    return small_model_config(
         num_layers=4,
         hidden_size=48,
         ffn_hidden_size=80,
-        num_attention_heads=4,
-        num_query_groups=2,
         vocab_size=250,
         max_position_embeddings=64,
         params_dtype="bfloat16",

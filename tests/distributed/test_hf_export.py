@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.conftest import REPO, tiny_qwen2, torchrun
 from tests.distributed.test_hf_conversion import run_tool
+from tests.model_configs import small_model_config
 
 WORKER = Path(__file__).with_name("hf_export_worker.py")
 pytestmark = pytest.mark.distributed
@@ -269,9 +270,8 @@ print("peak_kib", baseline, status("VmHWM"))
 @pytest.mark.slow
 def test_converter_peak_memory_is_bounded_and_a_kill_keeps_the_export(tmp_path: Path) -> None:
     from dapo_megatron.models import hf_mapping
-    from dapo_megatron.models.config import ModelConfig
 
-    cfg = ModelConfig(**RSS_MODEL, params_dtype="float32")
+    cfg = small_model_config(**RSS_MODEL, params_dtype="float32")
     hf_dir, ckpt, out = tmp_path / "hf", tmp_path / "ckpt", tmp_path / "out"
     hf_dir.mkdir()
     generator = torch.Generator().manual_seed(0)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, torchrun
+from tests.model_configs import small_model_config
 
 WORKER = Path(__file__).with_name("hf_sliced_load_worker.py")
 pytestmark = pytest.mark.distributed
@@ -27,7 +28,6 @@ def write_random_hf_checkpoint(out_dir: Path, **overrides: object) -> dict[str, 
     """A random Qwen2 as a sharded HF safetensors directory (hidden 1024, 8 layers, vocab 4000 by default);
     returns each tensor's size in bytes."""
     from dapo_megatron.models import hf_export, hf_mapping
-    from dapo_megatron.models.config import ModelConfig
 
     fields: dict[str, object] = dict(
         num_layers=8,
@@ -39,7 +39,7 @@ def write_random_hf_checkpoint(out_dir: Path, **overrides: object) -> dict[str, 
         max_position_embeddings=256,
         params_dtype="float32",
     )
-    cfg = ModelConfig(**{**fields, **overrides})
+    cfg = small_model_config(**{**fields, **overrides})
     generator = torch.Generator().manual_seed(0)
     dtype = getattr(torch, cfg.params_dtype)
     state = {

@@ -1,9 +1,9 @@
-"""The batched CPU attention (`rollout/cpu_attention.py`) against SGLang's own per-sequence torch_native
+"""The batched CPU attention (`backends/cpu_attention.py`) against SGLang's own per-sequence torch_native
 code on the same KV cache: decode and prefill (with cached prefixes, grouped-query heads, causal and not),
 and that the engine really runs it.
 
 The comparison runs in a subprocess: importing SGLang on CPU needs the import-time stand-ins of
-`rollout/sglang_cpu.py`, which must not leak into the test process."""
+`backends/sglang_cpu.py`, which must not leak into the test process."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ pytestmark = pytest.mark.sglang
 
 COMPARE = textwrap.dedent("""
     import json, torch
-    import dapo_megatron.rollout.sglang_cpu  # stand-ins, then the batched backend is registered
+    import dapo_megatron.backends.sglang_cpu  # stand-ins, then the batched backend is registered
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    from dapo_megatron.rollout import cpu_attention
-    from dapo_megatron.rollout.cpu_attention import BatchedTorchNativeAttnBackend
+    from dapo_megatron.backends import cpu_attention
+    from dapo_megatron.backends.cpu_attention import BatchedTorchNativeAttnBackend
 
     torch.manual_seed(0)
     heads, kv_heads, dim, slots = 4, 2, 16, 1024

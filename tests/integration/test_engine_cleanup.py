@@ -35,10 +35,11 @@ TRAINER = textwrap.dedent("""
     from pathlib import Path
     import torch
     from safetensors.torch import load_file
-    from dapo_megatron.rollout import cpu_weight_loader
+    from dapo_megatron.backends import cpu_weight_loader
     from dapo_megatron.rollout.client import RolloutClient
     from dapo_megatron.rollout.engine import SGLangEngine
-    from dapo_megatron.rollout.weight_sync import flatten_bucket, named_views, post_all, push_bucket
+    from dapo_megatron.backends.cpu_weight_loader import named_views
+    from dapo_megatron.rollout.weight_sync import flatten_bucket, post_all, push_bucket
     from tests.integration.conftest import engine_config
 
     def idle(seconds):  # as a trainer waits: in short sleeps, between which Python runs signal handlers

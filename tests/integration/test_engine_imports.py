@@ -1,8 +1,8 @@
 """What a CPU engine's processes import, checked in a subprocess set up as the engine's launcher is (the
-stand-ins of `rollout/sglang_cpu.py`, the environment of `SGLangEngine`): SGLang finds the Qwen2 class through
-`rollout/sglang_models` without importing its other model modules, still finds any other architecture through
-its own registry, its debug dumper finds no megatron-core to import, and nothing imports torch's compiler
-until a function handed to `torch.compile` is first called."""
+stand-ins of `backends/sglang_cpu.py`, the environment of `SGLangEngine`): SGLang finds the Qwen2 class
+through `rollout/sglang_models` without importing its other model modules, still finds any other
+architecture through its own registry, its debug dumper finds no megatron-core to import, and nothing imports
+torch's compiler until a function handed to `torch.compile` is first called."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.sglang
 
 PROBE = textwrap.dedent("""
     import json, sys
-    import dapo_megatron.rollout.sglang_cpu
+    import dapo_megatron.backends.sglang_cpu
     import sglang.srt.managers.scheduler, sglang.srt.model_executor.model_runner
     import torch
     from sglang.srt.models.registry import ModelRegistry

@@ -15,7 +15,8 @@ from dapo_megatron.data import char_tokenizer
 from dapo_megatron.records import Sample
 from dapo_megatron.rollout import client as client_module
 from dapo_megatron.rollout.client import RolloutClient, RolloutError
-from dapo_megatron.rollout.engine import SGLangEngine, liveness_check
+from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine_record import liveness_check
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_greedy, hf_log_probs
 
 pytestmark = pytest.mark.sglang

@@ -22,14 +22,9 @@ import torch
 
 from dapo_megatron.data import char_tokenizer
 from dapo_megatron.rollout.client import RolloutClient, RolloutError
-from dapo_megatron.rollout.engine import (
-    EngineError,
-    SGLangEngine,
-    liveness_check,
-    raise_if_any_died,
-    read_log_tail,
-)
+from dapo_megatron.rollout.engine import SGLangEngine
 from dapo_megatron.rollout.engine_guard import slot_files_held
+from dapo_megatron.rollout.engine_record import EngineError, liveness_check, raise_if_any_died, read_log_tail
 from dapo_megatron.rollout.weight_sync import WeightSyncError, post_all
 from tests.conftest import REPO
 from tests.integration.conftest import alive, engine_config, hf_greedy, process_tree
@@ -84,13 +79,13 @@ def test_idle_engine_leaves_the_cores_to_the_trainer(engine: SGLangEngine) -> No
 
 FORK_PROBE = """
 import sys
-from dapo_megatron.rollout import sglang_cpu
+from dapo_megatron.backends import sglang_cpu
 sglang_cpu.fork_workers()
 from sglang.srt.entrypoints import engine
 engine.mp.set_start_method("spawn", force=True)  # as SGLang's launcher does before starting its workers
 
 def report(writer):
-    writer.send(getattr(sys.modules["dapo_megatron.rollout.sglang_cpu"], "set_after_import", None))
+    writer.send(getattr(sys.modules["dapo_megatron.backends.sglang_cpu"], "set_after_import", None))
 
 if __name__ == "__main__":  # a spawned child imports this file again, but not as __main__
     sglang_cpu.set_after_import = "the launcher's memory"
@@ -110,7 +105,7 @@ if __name__ == "__main__":  # a spawned child imports this file again, but not a
 def test_the_engines_workers_fork_from_the_launcher(tmp_path: Path) -> None:
     """SGLang spawns its scheduler and detokenizer as fresh interpreters that import torch and SGLang again
     (~7 s of an engine's start on two cores); on CPU they fork from the launcher instead
-    (`rollout/sglang_cpu.fork_workers`), seeing its memory as it was; unless a thread runs beside the
+    (`backends/sglang_cpu.fork_workers`), seeing its memory as it was; unless a thread runs beside the
     launcher, which a fork would leave behind holding whatever it held."""
     script = tmp_path / "fork_probe.py"
     script.write_text(FORK_PROBE)

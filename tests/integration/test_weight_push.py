@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo_megatron.rollout import cpu_weight_loader
+from dapo_megatron import backends
+from dapo_megatron.backends import cpu_weight_loader
+from dapo_megatron.backends.cpu_weight_loader import named_views
 from dapo_megatron.rollout.client import RolloutClient
 from dapo_megatron.rollout.engine import SGLangEngine
 from dapo_megatron.rollout.weight_sync import (
@@ -23,10 +25,8 @@ from dapo_megatron.rollout.weight_sync import (
     buckets,
     check_sync,
     flatten_bucket,
-    named_views,
     post_all,
     push_bucket,
-    shared_buffer,
 )
 from tests.conftest import tiny_qwen2
 from tests.integration.conftest import MAX_POSITIONS, engine_config, hf_log_probs
@@ -146,7 +146,8 @@ def test_cpu_loader_follows_shared_buffers_rewritten_in_place_or_replaced(
         pad_token_id=0,
         initializer_range=0.1,
     )
-    staging = shared_buffer(bucket_nbytes(list(new_model.state_dict().items())))
+    nbytes = bucket_nbytes(list(new_model.state_dict().items()))
+    staging = backends.CPU.bucket_buffer(nbytes, torch.device("cpu"))
     for version, (model, buffer) in enumerate([(new_model, staging), (other, staging), (new_model, None)]):
         payload = flatten_bucket(list(model.state_dict().items()), buffer)  # None: a fresh shared buffer
         post_all([engine.url], "/begin_weight_update", {}, timeout_s=60)

@@ -31,11 +31,11 @@ def main() -> None:
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from dapo_megatron import backends
     from dapo_megatron.algo.config import AlgoConfig
     from dapo_megatron.data import arithmetic, char_tokenizer
     from dapo_megatron.distributed.config import ParallelConfig
     from dapo_megatron.distributed.layout import initialize, shutdown
-    from dapo_megatron.models.config import ModelConfig
     from dapo_megatron.models.qwen2 import build_gpt_model
     from dapo_megatron.records import PolicyRows
     from dapo_megatron.rollout import engine_auth
@@ -49,13 +49,10 @@ def main() -> None:
     from dapo_megatron.trainer.optimizer import build_optimizer, wrap_for_training
     from dapo_megatron.trainer.placement import engine_placement
     from dapo_megatron.trainer.sync_probe import engine_log_probs, probe_rows
+    from tests.model_configs import small_model_config
 
-    cfg = ModelConfig(
+    cfg = small_model_config(
         num_layers=4,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
         vocab_size=128,
         max_position_embeddings=256,
         params_dtype="float32",
@@ -64,7 +61,7 @@ def main() -> None:
     parallel = ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
     layout = initialize(parallel, seed=3)
     rollout = RolloutConfig(max_total_tokens=4096, startup_timeout_s=240, num_engines=args.engines)
-    placement = engine_placement(layout.world_size, rollout, "cpu")
+    placement = engine_placement(layout.world_size, rollout, backends.CPU)
 
     hf_dir = root / "engine_start"
     if layout.rank == 0:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from dapo_megatron import checkpoint
 from dapo_megatron.distributed.config import ParallelConfig
-from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.qwen2 import build_gpt_model
 from tests.conftest import one_gloo_rank
+from tests.model_configs import small_model_config
 
 root = Path(sys.argv[1])
-cfg = ModelConfig(vocab_size=64, hidden_size=32, ffn_hidden_size=64, num_layers=1, num_attention_heads=4,
-                  num_query_groups=2, max_position_embeddings=32)
+cfg = small_model_config(vocab_size=64, hidden_size=32, ffn_hidden_size=64, num_layers=1,
+                         max_position_embeddings=32)
 with one_gloo_rank(root.parent / "store") as layout:
     model = build_gpt_model(cfg, ParallelConfig(), layout)
     checkpoint.save_model(model, root, 1, cfg, layout)

@@ -8,6 +8,7 @@ import datetime
 
 import pytest
 
+from dapo_megatron import backends
 from dapo_megatron import config as C
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.trainer.fleet import rollout_config
@@ -41,17 +42,17 @@ def test_32b_recipe_waits_for_ten_rounds_of_generation_and_an_evaluation() -> No
     # 128 GPUs / TP 4 = 32 engines; 256 // 16 = 16 groups in flight per engine -> 512; 1536 prompts per
     # round = 3 request lifetimes of 600 s; 10 rounds = 18000 s. Evaluation: 256 // 32 = 8 per engine -> 256
     # in flight; 30 problems = 1 lifetime = 600 s. Plus the 30 minutes for everything else.
-    assert collective_timeout(job, world_size=128, device="cuda") == datetime.timedelta(
+    assert collective_timeout(job, world_size=128, backend=backends.CUDA) == datetime.timedelta(
         minutes=30, seconds=18600
     )
     # Far beyond the fixed 30 minutes that a long step used to exceed.
-    assert collective_timeout(job, world_size=128, device="cuda") > datetime.timedelta(hours=5)
+    assert collective_timeout(job, world_size=128, backend=backends.CUDA) > datetime.timedelta(hours=5)
 
 
 def test_one_engine_on_cpu_without_evaluation() -> None:
     job = C.to_job_config(C.compose(["experiment=dapo_qwen2.5_32b", *PINNED, "eval.every=0"]))
     # On CPU one engine per job: 16 groups in flight, 1536 / 16 = 96 lifetimes per round.
-    assert collective_timeout(job, world_size=128, device="cpu") == datetime.timedelta(
+    assert collective_timeout(job, world_size=128, backend=backends.CPU) == datetime.timedelta(
         minutes=30, seconds=10 * 96 * 600
     )
 
@@ -88,12 +89,12 @@ def test_cluster_recipes_collective_timeouts_as_the_cluster_runs_them() -> None:
     big = C.load(["experiment=dapo_qwen2.5_32b"], world_size=128)
     # 32 engines x 64 // 16 = 128 groups in flight: 1536 prompts = 12 request lifetimes a round, 10 rounds;
     # the evaluation's 30 problems x 32 samples, 64 // 32 x 32 = 64 in flight: 1 lifetime. Plus 30 minutes.
-    assert collective_timeout(big, world_size=128, device="cuda") == datetime.timedelta(
+    assert collective_timeout(big, world_size=128, backend=backends.CUDA) == datetime.timedelta(
         minutes=30, seconds=(10 * 12 + 1) * 1759
     )  # 59 h 37 min 19 s
     small = C.load(["experiment=dapo_qwen2.5_7b"], world_size=8)
     # 8 engines x 256 // 16 = 128 in flight: 384 prompts = 3 lifetimes a round; evaluation 8 x 8 = 64: 1.
-    assert collective_timeout(small, world_size=8, device="cuda") == datetime.timedelta(
+    assert collective_timeout(small, world_size=8, backend=backends.CUDA) == datetime.timedelta(
         minutes=30, seconds=(10 * 3 + 1) * 1759
     )  # 15 h 38 min 49 s
 
@@ -105,7 +106,9 @@ def test_slurm_readme_states_the_timeout_the_code_computes(recipe: str, world_si
     from tests.conftest import REPO
 
     job = C.to_job_config(C.compose([f"experiment={recipe}"]))
-    minutes = round(collective_timeout(job, world_size=world_size, device="cuda").total_seconds() / 60)
+    minutes = round(
+        collective_timeout(job, world_size=world_size, backend=backends.CUDA).total_seconds() / 60
+    )
     assert f"{minutes // 60} h {minutes % 60} min" in (REPO / "slurm" / "README.md").read_text().replace(
         "\n  ", " "
     )

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
+from dapo_megatron import backends
 from dapo_megatron.trainer.cpu_threads import TrainerThreads, cores_per_rank
 
 
@@ -36,7 +37,7 @@ def test_the_cores_are_shared_among_the_ranks_of_the_node(one_thread: None) -> N
 def test_threads_alone_are_the_rank_share_only_on_cpu_when_enabled(
     one_thread: None, device: str, enabled: bool, ranks: int, alone: int
 ) -> None:
-    threads = TrainerThreads.for_job(device, use_idle_cores=enabled, ranks_on_node=ranks)
+    threads = TrainerThreads.for_job(backends.named(device), use_idle_cores=enabled, ranks_on_node=ranks)
     assert (threads.beside_engine, threads.alone) == (1, alone)
 
 
@@ -49,13 +50,15 @@ def test_without_omp_num_threads_the_engine_keeps_its_core(
 ) -> None:
     """torch's default would be every core, the engine's too."""
     monkeypatch.delenv("OMP_NUM_THREADS")
-    threads = TrainerThreads.for_job("cpu", use_idle_cores=enabled, ranks_on_node=ranks)
+    threads = TrainerThreads.for_job(backends.CPU, use_idle_cores=enabled, ranks_on_node=ranks)
     assert (threads.beside_engine, threads.alone) == (beside, alone)
-    assert (TrainerThreads.for_job("cuda", use_idle_cores=enabled, ranks_on_node=ranks).beside_engine) == 1
+    assert (
+        TrainerThreads.for_job(backends.CUDA, use_idle_cores=enabled, ranks_on_node=ranks).beside_engine
+    ) == 1
 
 
 def test_the_update_takes_the_engine_cores_once_the_batch_ahead_is_complete(one_thread: None) -> None:
-    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1)
+    threads = TrainerThreads.for_job(backends.CPU, use_idle_cores=True, ranks_on_node=1)
     threads.engine_idle()
     assert torch.get_num_threads() == 4
 
@@ -70,7 +73,7 @@ def test_the_update_takes_the_engine_cores_once_the_batch_ahead_is_complete(one_
 
 
 def test_ranks_that_cannot_see_the_batch_wait_for_the_engine_to_be_idle(one_thread: None) -> None:
-    threads = TrainerThreads.for_job("cpu", use_idle_cores=True, ranks_on_node=1)
+    threads = TrainerThreads.for_job(backends.CPU, use_idle_cores=True, ranks_on_node=1)
     threads.engine_generating(None)
     threads.take_idle_cores()
     assert torch.get_num_threads() == 1
@@ -97,7 +100,7 @@ class RecordingEngine:
 def test_the_engine_takes_the_rank_share_while_the_trainer_waits(one_thread: None) -> None:
     engine = RecordingEngine()
     threads = TrainerThreads.for_job(
-        "cpu",
+        backends.CPU,
         use_idle_cores=True,
         ranks_on_node=1,
         engine=engine,  # type: ignore[arg-type]
@@ -121,7 +124,7 @@ def test_the_engine_keeps_its_threads_when_off_or_when_there_is_nothing_to_take(
 ) -> None:
     engine = RecordingEngine(start)
     threads = TrainerThreads.for_job(
-        "cpu",
+        backends.CPU,
         use_idle_cores=True,
         ranks_on_node=ranks,
         engine=engine,  # type: ignore[arg-type]
@@ -136,7 +139,7 @@ def test_the_engine_keeps_its_threads_when_off_or_when_there_is_nothing_to_take(
 def test_gpu_engines_are_never_asked(one_thread: None) -> None:
     engine = RecordingEngine()
     threads = TrainerThreads.for_job(
-        "cuda",
+        backends.CUDA,
         use_idle_cores=True,
         ranks_on_node=1,
         engine=engine,  # type: ignore[arg-type]

@@ -82,7 +82,7 @@ def _run(code: str) -> str:
 
 def test_cpu_compat_is_scoped_to_megatron_modules() -> None:
     out = _run(
-        "import torch\nfrom dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
+        "import torch\nfrom dapo_megatron.backends import cpu_compat\ncpu_compat.apply()\n"
         "import megatron.core.pipeline_parallel.schedules as s\nimport megatron.core.transformer.utils as u\n"
         "print(s.torch is torch, torch.zeros(1, device='cpu').device, u.get_default_causal_mask(3).device)\n"
         "try:\n    torch.zeros(1, device='cuda')\nexcept (AssertionError, RuntimeError):\n"
@@ -94,7 +94,7 @@ def test_cpu_compat_is_scoped_to_megatron_modules() -> None:
 def test_cpu_compat_does_nothing_when_cuda_exists() -> None:
     out = _run(
         "import torch\ntorch.cuda.is_available = lambda: True\n"
-        "from dapo_megatron.distributed import cpu_compat\ncpu_compat.apply()\n"
+        "from dapo_megatron.backends import cpu_compat\ncpu_compat.apply()\n"
         "import megatron.core.pipeline_parallel.schedules as s\n"
         "import megatron.core.tensor_parallel.random as r\n"
         "print(s.torch is torch, r._set_cuda_rng_state.__module__)\n"

@@ -1,21 +1,17 @@
 """A CPU trainer launches its engine before it imports torch (`train.launch_engine_first`): the config, the
-preflight checks and the engine's launch are torch-free, and the torch-free pieces they import still work."""
+preflight checks and the engine's launch are torch-free (the list: tests/unit/test_torch_free.py)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 import torch
 
-from dapo_megatron import algo
 from dapo_megatron import config as job_config
-from dapo_megatron.distributed.launch import accelerator
 from dapo_megatron.models.hf_export import export_config
 from tests.conftest import REPO
 
@@ -24,7 +20,7 @@ PROBE = textwrap.dedent("""
     from dapo_megatron.trainer.fleet import EngineFleet
 
     def launch(fleet):
-        print("LAUNCH", fleet.device, sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])
+        print("LAUNCH", fleet.backend.name, sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])
         raise SystemExit(0)
 
     EngineFleet.launch = launch
@@ -49,16 +45,3 @@ def test_the_cpu_trainer_launches_its_engine_before_it_imports_torch(tmp_path: P
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LAUNCH cpu []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-
-
-def test_accelerator_answers_as_torch_does() -> None:
-    assert accelerator() == ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def test_the_algo_package_still_exports_its_maths() -> None:
-    """Its maths load on first use, each from the module that defines it; `__all__` lists them all."""
-    assert set(algo.__all__) == {"AlgoConfig", *algo._MODULE_OF}
-    for name, module in algo._MODULE_OF.items():
-        assert getattr(algo, name) is getattr(importlib.import_module(f"dapo_megatron.algo.{module}"), name)
-    with pytest.raises(AttributeError, match="no attribute 'compute_ppo_loss'"):
-        algo.compute_ppo_loss  # noqa: B018

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dapo_megatron import backends
 from dapo_megatron import config as C
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
@@ -37,9 +38,9 @@ def test_the_shortfall_says_how_many_fit_and_what_to_set() -> None:
 
 def test_a_cpu_engine_warns_at_construction_and_a_gpu_engine_does_not(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"rollout.max_total_tokens=16384 holds 102 of"):
-        SGLangEngine("model", TIGHT, log_file=tmp_path / "engine.log", device="cpu")
+        SGLangEngine("model", TIGHT, log_file=tmp_path / "engine.log", backend=backends.CPU)
     with warnings.catch_warnings():
         warnings.simplefilter(
             "error"
         )  # on GPUs the memory fraction sizes the cache; max_total_tokens is unused
-        SGLangEngine("model", TIGHT, log_file=tmp_path / "engine.log", device="cuda")
+        SGLangEngine("model", TIGHT, log_file=tmp_path / "engine.log", backend=backends.CUDA)

@@ -14,12 +14,13 @@ from types import ModuleType
 
 import pytest
 
+from dapo_megatron import backends
 from dapo_megatron import config as C
-from dapo_megatron.rollout import engine as engine_module
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.engine import WITHHELD_VARIABLES, SGLangEngine
+from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine_env import WITHHELD_VARIABLES
+from dapo_megatron.trainer import fleet as fleet_module
 from dapo_megatron.trainer.fleet import EngineFleet, rollout_config
-from dapo_megatron.trainer.placement import node_engine_gpus
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_eval_starts_the_recipes_engines_side_by_side_on_a_node(
     job = eval_tool.load_job(
         "/models/policy", [f"experiment={experiment}"]
     )  # the recipe's TP needs 4-8 ranks
-    engines = eval_tool.eval_engines(job, Path("/models/policy"), tmp_path, device="cuda", gpus=8)
+    engines = eval_tool.eval_engines(job, Path("/models/policy"), tmp_path, backend=backends.CUDA, gpus=8)
     commands = [engine.command() for engine in engines]
     assert [flag(c, "--base-gpu-id") for c in commands] == first_gpus
     assert {flag(c, "--tp-size") for c in commands} == {tp}
@@ -60,46 +61,46 @@ def test_eval_starts_the_recipes_engines_side_by_side_on_a_node(
 
 def test_eval_on_cpu_starts_one_engine_with_the_seed(eval_tool: ModuleType, tmp_path: Path) -> None:
     job = C.load(["seed=5"])
-    [engine] = eval_tool.eval_engines(job, Path("/models/tiny"), tmp_path, device="cpu", gpus=0)
+    [engine] = eval_tool.eval_engines(job, Path("/models/tiny"), tmp_path, backend=backends.CPU, gpus=0)
     command = engine.command()
-    assert command[2] == "dapo_megatron.rollout.sglang_cpu" and flag(command, "--random-seed") == "5"
+    assert command[2] == "dapo_megatron.backends.sglang_cpu" and flag(command, "--random-seed") == "5"
 
 
 def test_layouts_that_do_not_fit_the_node_are_refused() -> None:
     with pytest.raises(
         ValueError, match=r"rollout.engine_tp_size=8 needs 8 GPUs per engine but this node has 4"
     ):
-        node_engine_gpus(RolloutConfig(engine_tp_size=8), gpus=4)
+        backends.CUDA.node_engine_gpus(4, engine_tp_size=8, num_engines=0)
     with pytest.raises(
         ValueError,
         match=r"rollout.num_engines=3 engines of .* need 12 GPUs but this node has 8; "
         r"set rollout.num_engines to at most 2",
     ):
-        node_engine_gpus(RolloutConfig(engine_tp_size=4, num_engines=3), gpus=8)
-    assert node_engine_gpus(RolloutConfig(engine_tp_size=2, num_engines=3), gpus=8) == [0, 2, 4]
+        backends.CUDA.node_engine_gpus(8, engine_tp_size=4, num_engines=3)
+    assert backends.CUDA.node_engine_gpus(8, engine_tp_size=2, num_engines=3) == [0, 2, 4]
 
 
 def test_the_trainer_engine_gets_the_job_seed_and_deterministic_inference_on_gpu() -> None:
     deterministic = rollout_config(C.load(["seed=7", "rollout.deterministic=true"]))
-    cuda = SGLangEngine("m", deterministic, log_file="e.log", device="cuda").command()
+    cuda = SGLangEngine("m", deterministic, log_file="e.log", backend=backends.CUDA).command()
     assert flag(cuda, "--random-seed") == "7" and "--enable-deterministic-inference" in cuda
     own_seed = rollout_config(C.load(["seed=7", "rollout.seed=3"]))
-    cpu = SGLangEngine("m", own_seed, log_file="e.log", device="cpu").command()
+    cpu = SGLangEngine("m", own_seed, log_file="e.log", backend=backends.CPU).command()
     assert flag(cpu, "--random-seed") == "3" and "--enable-deterministic-inference" not in cpu
     assert (
         "--enable-deterministic-inference"
-        not in SGLangEngine("m", own_seed, log_file="e.log", device="cuda").command()
+        not in SGLangEngine("m", own_seed, log_file="e.log", backend=backends.CUDA).command()
     )
     with pytest.raises(ValueError, match=r"rollout.deterministic=true needs a CUDA GPU: .*torch_native"):
-        SGLangEngine("m", deterministic, log_file="e.log", device="cpu")
+        SGLangEngine("m", deterministic, log_file="e.log", backend=backends.CPU)
 
 
 def test_sglang_parses_the_commands_as_meant() -> None:
     """Flag names checked against the installed SGLang's parser (in a subprocess: importing it takes
     seconds)."""
     cfg = RolloutConfig(seed=11, deterministic=True, engine_tp_size=2, dtype="bfloat16")
-    gpu = SGLangEngine("m", cfg, log_file="e.log", device="cuda", base_gpu_id=2).command()
-    cpu = SGLangEngine("m", RolloutConfig(seed=11), log_file="e.log", device="cpu").command()
+    gpu = SGLangEngine("m", cfg, log_file="e.log", backend=backends.CUDA, base_gpu_id=2).command()
+    cpu = SGLangEngine("m", RolloutConfig(seed=11), log_file="e.log", backend=backends.CPU).command()
     code = (
         "import argparse, json, sys\nfrom sglang.srt.server_args import ServerArgs\n"
         "parser = argparse.ArgumentParser()\nServerArgs.add_cli_args(parser)\n"
@@ -123,7 +124,7 @@ def test_engines_find_qwen2_in_the_projects_model_package_unless_the_user_names_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for device in ("cpu", "cuda"):
-        engine = SGLangEngine("m", RolloutConfig(), log_file="e.log", device=device)
+        engine = SGLangEngine("m", RolloutConfig(), log_file="e.log", backend=backends.named(device))
         assert engine._environment()["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "dapo_megatron.rollout.sglang_models"
     monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "my_models")
     engine = SGLangEngine("m", RolloutConfig(), log_file="e.log")
@@ -162,7 +163,7 @@ def trainer_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("trainer_environment")
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_an_engine_gets_the_trainers_environment_without_the_trainers_own_settings(device: str) -> None:
-    env = SGLangEngine("m", RolloutConfig(), log_file="e.log", device=device)._environment()
+    env = SGLangEngine("m", RolloutConfig(), log_file="e.log", backend=backends.named(device))._environment()
     assert sorted(set(TRAINER_ONLY) & set(env)) == []
     assert {name: env.get(name) for name in ENGINE_NEEDS} == ENGINE_NEEDS
     assert env["PATH"] == os.environ["PATH"]
@@ -176,7 +177,7 @@ def test_torch_memory_saver_starts_in_a_gpu_engines_environment_and_not_in_the_t
     """Its own start-up check (`torch_memory_saver.entrypoint._sanity_checks`, run when
     `--enable-memory-saver` loads it), in a subprocess with each environment."""
     check = "from torch_memory_saver.entrypoint import _sanity_checks; _sanity_checks()"
-    engine_env = SGLangEngine("m", RolloutConfig(), log_file="e.log", device="cuda")._environment()
+    engine_env = SGLangEngine("m", RolloutConfig(), log_file="e.log", backend=backends.CUDA)._environment()
     runs = {
         name: subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
         for name, env in (("trainer", dict(os.environ)), ("engine", engine_env))
@@ -197,13 +198,13 @@ def test_each_engine_of_a_job_samples_from_its_own_seed(
             launched.append(self)
             return self
 
-    monkeypatch.setattr(engine_module, "SGLangEngine", Unstarted)
+    monkeypatch.setattr(fleet_module, "SGLangEngine", Unstarted)
     job = C.load(
         ["seed=7", "rollout.num_engines=4", f"output_dir={tmp_path}", "model.hf_dir=m"], world_size=4
     )
     for rank in range(4):
         fleet = EngineFleet(
-            job, rank=rank, world_size=4, local_rank=rank, master_addr="127.0.0.1", device="cpu"
+            job, rank=rank, world_size=4, local_rank=rank, master_addr="127.0.0.1", backend=backends.CPU
         )
         fleet.launch()
     assert [flag(engine.command(), "--random-seed") for engine in launched] == ["7", "8", "9", "10"]

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from dapo_megatron import backends
 from dapo_megatron.rollout import engine_auth, engine_guard
 from dapo_megatron.rollout.config import RolloutConfig
-from dapo_megatron.rollout.engine import EngineRecord, SGLangEngine
+from dapo_megatron.rollout.engine import SGLangEngine
+from dapo_megatron.rollout.engine_record import EngineRecord
 from dapo_megatron.trainer.fleet import engine_host, job_on_one_node
 
 
@@ -25,7 +27,9 @@ def test_every_engine_has_its_own_unguessable_key(tmp_path: Path) -> None:
 
 def test_the_key_is_on_no_command_line(tmp_path: Path) -> None:
     for device in ("cpu", "cuda"):
-        engine = SGLangEngine("m", RolloutConfig(), log_file=tmp_path / "e.log", device=device, port=4321)
+        engine = SGLangEngine(
+            "m", RolloutConfig(), log_file=tmp_path / "e.log", backend=backends.named(device), port=4321
+        )
         engine.tmpdir = tmp_path
         guarded = engine.guarded_command()
         assert engine.api_key not in " ".join(guarded + engine.command())
@@ -92,7 +96,7 @@ def test_requests_carry_the_key_of_the_engine_they_go_to() -> None:
 def test_engines_listen_on_loopback_unless_the_job_spans_nodes(
     monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], world_size: int, one_node: bool
 ) -> None:
-    towards = "dapo_megatron.rollout.engine.address_towards"
+    towards = "dapo_megatron.trainer.fleet.address_towards"
     monkeypatch.setattr(towards, lambda host: f"10.9.9.9 towards {host}")
     assert job_on_one_node(world_size, environ) is one_node
     host = engine_host(world_size, "node-0", environ)

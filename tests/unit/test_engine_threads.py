@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo_megatron.rollout import engine_threads
+from dapo_megatron.backends import engine_threads
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ class _RecordingModel(torch.nn.Module):
 def test_a_weight_update_copies_on_every_core_then_generation_gets_its_threads_back(
     restore_threads: None,
 ) -> None:
-    from dapo_megatron.rollout import cpu_weight_loader
+    from dapo_megatron.backends import cpu_weight_loader
 
     torch.set_num_threads(1)  # the engine's generation threads beside a training trainer
     model = _RecordingModel()

@@ -11,17 +11,10 @@ import pytest
 
 from dapo_megatron import config as C
 from dapo_megatron import flops
-from dapo_megatron.models.config import ModelConfig
 from tests.conftest import REPO
+from tests.model_configs import small_model_config
 
-TINY = ModelConfig(
-    num_layers=2,
-    hidden_size=64,
-    ffn_hidden_size=128,
-    num_attention_heads=4,
-    num_query_groups=2,
-    vocab_size=256,
-)
+TINY = small_model_config()  # 2 layers, hidden 64, 4 heads in 2 query groups, FFN 128, vocab 256
 
 
 def test_matmul_parameters_by_hand() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dapo_megatron import backends
 from dapo_megatron import config as C
 from dapo_megatron.distributed.config import ParallelConfig
 from dapo_megatron.models import fp8
@@ -18,6 +19,7 @@ from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.rollout.config import RolloutConfig
 from dapo_megatron.rollout.engine import SGLangEngine
 from tests.conftest import one_gloo_rank
+from tests.model_configs import small_model_config
 
 H100 = fp8.Fp8Environment(
     te_version=(2, 8), cuda_available=True, device_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0)
@@ -76,22 +78,19 @@ def test_megatron_core_accepts_the_fields_for_every_recipe(recipe: str) -> None:
 
 def test_the_builder_passes_fp8_fields_and_te_fusions(monkeypatch: pytest.MonkeyPatch) -> None:
     # TE's fused kernels cannot be configured without TE, so record the kwargs instead of building.
-    import megatron.core.transformer
+    from dapo_megatron.models import fused_kernels, qwen2
 
-    from dapo_megatron.models import fused_kernels
-    from dapo_megatron.models.qwen2 import transformer_config
-
-    monkeypatch.setattr(megatron.core.transformer, "TransformerConfig", dict)
+    monkeypatch.setattr(qwen2, "TransformerConfig", dict)
     # The cluster image with apex built in: every fused kernel's module imports.
     monkeypatch.setattr(fused_kernels, "importable", lambda module: True)
-    kwargs = transformer_config(ModelConfig(fp8=ON), ParallelConfig(), fp8_env=H100)
+    kwargs = qwen2.transformer_config(small_model_config(fp8=ON), ParallelConfig(), fp8_env=H100)
     assert {k: kwargs[k] for k in ("fp8", "fp8_recipe", "fp8_param")} == {
         "fp8": "hybrid",
         "fp8_recipe": "tensorwise",
         "fp8_param": False,
     }
     assert kwargs["gradient_accumulation_fusion"] and kwargs["apply_rope_fusion"]
-    assert "fp8" not in transformer_config(ModelConfig(params_dtype="float32"), ParallelConfig())
+    assert "fp8" not in qwen2.transformer_config(small_model_config(params_dtype="float32"), ParallelConfig())
 
 
 @pytest.mark.parametrize(
@@ -141,8 +140,8 @@ def test_auto_does_not_fall_back_to_local_layers_with_fp8() -> None:
     from dapo_megatron.models.qwen2 import resolve_transformer_impl
 
     with pytest.raises(RuntimeError, match="not installed"):
-        resolve_transformer_impl(ModelConfig(fp8=ON), fp8_env=NO_TE)
-    assert resolve_transformer_impl(ModelConfig(fp8=ON), fp8_env=H100) == "transformer_engine"
+        resolve_transformer_impl(small_model_config(fp8=ON), fp8_env=NO_TE)
+    assert resolve_transformer_impl(small_model_config(fp8=ON), fp8_env=H100) == "transformer_engine"
 
 
 def test_this_machine_is_detected_without_fp8_support() -> None:
@@ -222,18 +221,18 @@ def test_config_errors_name_the_field(overrides: list[str], message: str) -> Non
 
 def test_fp8_rollouts_with_truncated_importance_sampling_are_accepted() -> None:
     job = C.load(["rollout.quantization=fp8", "algo.tis_cap=2.0"])
-    cuda = SGLangEngine("model", job.rollout, log_file="engine.log", device="cuda").command()
+    cuda = SGLangEngine("model", job.rollout, log_file="engine.log", backend=backends.CUDA).command()
     assert cuda[cuda.index("--quantization") + 1] == "fp8"
     assert (
         "--quantization"
-        not in SGLangEngine("model", RolloutConfig(), log_file="x.log", device="cuda").command()
+        not in SGLangEngine("model", RolloutConfig(), log_file="x.log", backend=backends.CUDA).command()
     )
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
-        SGLangEngine("model", job.rollout, log_file="engine.log", device="cpu")
+        SGLangEngine("model", job.rollout, log_file="engine.log", backend=backends.CPU)
 
 
 def test_settings_survive_the_checkpoint_json() -> None:
-    model = ModelConfig(fp8=fp8.Fp8Config(enabled=True, recipe="blockwise"))
+    model = small_model_config(fp8=fp8.Fp8Config(enabled=True, recipe="blockwise"))
     assert ModelConfig(**dataclasses.asdict(model)) == model
 
 
@@ -250,7 +249,7 @@ def test_fp8_micro_batches_are_padded_and_cut_back(one_rank_megatron: object) ->
     from dapo_megatron.records import MicroBatch
     from dapo_megatron.trainer.forward import run_schedule
 
-    model = build_gpt_model(ModelConfig(params_dtype="float32"), ParallelConfig(), one_rank_megatron)  # type: ignore[arg-type]
+    model = build_gpt_model(small_model_config(params_dtype="float32"), ParallelConfig(), one_rank_megatron)  # type: ignore[arg-type]
     seen: list[int] = []
     model.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
     tokens = torch.randint(0, 200, (2, 7), generator=torch.Generator().manual_seed(0))

@@ -14,13 +14,11 @@ from safetensors import safe_open
 
 from dapo_megatron.models import hf_export
 from dapo_megatron.models.config import ModelConfig
+from tests.model_configs import small_model_config
 
-CFG = ModelConfig(
-    num_layers=2,
+CFG = small_model_config(
     hidden_size=32,
     ffn_hidden_size=48,
-    num_attention_heads=4,
-    num_query_groups=2,
     vocab_size=100,
     params_dtype="float32",
 )

@@ -28,6 +28,7 @@ from dapo_megatron.models.hf_mapping import (
     tensor_parallel_dim,
     unstack_torch_dist,
 )
+from tests.model_configs import small_model_config
 
 QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
 QKV_BIAS = "decoder.layers.0.self_attention.linear_qkv.bias"
@@ -40,16 +41,13 @@ HfModel = tuple[ModelConfig, torch.nn.Module]
 def tiny_config(*, tied: bool = False, heads: int = 4, groups: int = 2, **overrides: object) -> ModelConfig:
     """Vocab 250, so that Megatron pads it."""
     fields: dict[str, object] = dict(
-        num_layers=2,
-        hidden_size=64,
-        ffn_hidden_size=128,
         num_attention_heads=heads,
         num_query_groups=groups,
         vocab_size=250,
         params_dtype="float32",
         tie_word_embeddings=tied,
     )
-    return ModelConfig(**(fields | overrides))
+    return small_model_config(**(fields | overrides))
 
 
 def random_hf_state(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -118,7 +116,7 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(hf_model: HfModel, tp: int) -> N
 def test_qkv_interleave_matches_hand_built_layout(
     heads: int, groups: int, row_blocks: list[tuple[str, int, int]]
 ) -> None:
-    cfg = ModelConfig(
+    cfg = small_model_config(
         num_layers=1,
         hidden_size=3,
         kv_channels=2,
@@ -211,7 +209,7 @@ def test_mapping_inverts_for_any_grouped_attention_shape(
     tp: int, groups_per_rank: int, heads_per_group: int, head_dim: int, tied: bool
 ) -> None:
     groups = tp * groups_per_rank
-    cfg = ModelConfig(
+    cfg = small_model_config(
         num_layers=1,
         hidden_size=4,
         kv_channels=head_dim,
@@ -415,7 +413,8 @@ def megatron_cpu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     pytest.importorskip("megatron.core")
     from megatron.core import parallel_state, tensor_parallel
 
-    from dapo_megatron.distributed import cpu_compat, layout
+    from dapo_megatron.backends import cpu_compat
+    from dapo_megatron.distributed import layout
 
     cpu_compat.apply()
     # A file store, not a TCP port: other test processes may share this machine.

@@ -12,11 +12,11 @@ from safetensors.torch import save_file
 from dapo_megatron.models import hf_mapping
 from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.safetensors_reader import SafetensorsReader
+from tests.model_configs import small_model_config
 
 # 4 query groups of 2 heads, so TP 4 gives each rank one group; vocab 250 leaves padding rows on the last
 # rank(s) under every TP size.
-CFG = ModelConfig(
-    num_layers=2,
+CFG = small_model_config(
     hidden_size=32,
     ffn_hidden_size=48,
     num_attention_heads=8,

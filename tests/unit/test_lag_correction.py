@@ -1,6 +1,7 @@
-"""Rows sampled by older weights through the real `train.update_policy` on a tiny megatron-core policy (one
-gloo rank): decoupled PPO's weights reported over the optimizer steps, and, with π_old from the engine, the
-ratio taken against the weights that sampled them even when one optimizer step would not need π_old."""
+"""Rows sampled by older weights through the real `trainer.actor.update_policy` on a tiny megatron-core
+policy (one gloo rank): decoupled PPO's weights reported over the optimizer steps, and, with π_old from the
+engine, the ratio taken against the weights that sampled them even when one optimizer step would not need
+π_old."""
 
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ from dapo_megatron import config as job_config
 from dapo_megatron.algo.config import AlgoConfig
 from dapo_megatron.metrics import MetricsLogger, configure_console, console, format_duration
 from dapo_megatron.records import ScoredGroup, ScoredSample
-from dapo_megatron.train import Progress, console_line
 from dapo_megatron.trainer import startup
 from dapo_megatron.trainer.batch import build_rows, policy_lag
 from dapo_megatron.trainer.evaluate import ProblemOutcome, eval_metrics
+from dapo_megatron.trainer.step_metrics import Progress, console_line
 from tests.metric_tags import documented, readme_tags
 
 

@@ -111,6 +111,7 @@ def test_the_sync_offloads_after_the_trainers_probe_and_before_the_kv_cache_retu
     trainer's side of the probe need that state resident, the engines' side needs the KV cache. The fleet
     runs as on a GPU node (device "cuda": it releases and resumes the engine's memory); the engine, its
     weight sync and the rollout client are recorders, the model, optimizer, offload and probe are real."""
+    from dapo_megatron import backends
     from dapo_megatron import config as job_config
     from dapo_megatron.trainer.fleet import EngineFleet
     from dapo_megatron.trainer.offload import TrainerStateOffload
@@ -158,7 +159,9 @@ def test_the_sync_offloads_after_the_trainers_probe_and_before_the_kv_cache_retu
 
     actor.compute_log_probs = trainer_scores
     job = job_config.load(["rollout.sync_check=always"], world_size=1)
-    fleet = EngineFleet(job, rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", device="cuda")
+    fleet = EngineFleet(
+        job, rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", backend=backends.CUDA
+    )
     fleet.engine, fleet.sync, fleet.probe = Engine(), Sync(), probe
 
     def offload_state() -> float:

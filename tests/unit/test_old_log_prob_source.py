@@ -1,6 +1,6 @@
 """`algo.old_log_prob_source=rollout`: the engine's log-probs stand in for π_old, the trainer's forward pass
 over the batch is skipped, and the update is the one the trainer's own log-probs would give when the two
-agree. Runs the real `train.update_policy` on a tiny megatron-core policy (one gloo rank)."""
+agree. Runs the real `trainer.actor.update_policy` on a tiny megatron-core policy (one gloo rank)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def batch() -> Any:
 
 
 def update(actor: Any, share: Any, *, forbid_forward: bool = False) -> dict[str, float]:
-    from dapo_megatron.train import update_policy
+    from dapo_megatron.trainer.actor import update_policy
 
     if forbid_forward:
 

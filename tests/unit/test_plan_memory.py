@@ -9,17 +9,13 @@ import pytest
 
 from dapo_megatron import config as C
 from dapo_megatron.distributed.config import ParallelConfig
-from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.planning import memory as M
 from tests.conftest import assert_import_is_light
+from tests.model_configs import small_model_config
 
 # h 64, 4 heads of 16, 2 query groups, FFN 128, vocab 128 (no padding), bf16, Transformer Engine layers.
-SMALL = ModelConfig(
+SMALL = small_model_config(
     num_layers=4,
-    hidden_size=64,
-    ffn_hidden_size=128,
-    num_attention_heads=4,
-    num_query_groups=2,
     vocab_size=128,
     params_dtype="bfloat16",
     transformer_impl="auto",

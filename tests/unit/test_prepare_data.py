@@ -138,14 +138,13 @@ def test_bad_arguments_and_failed_downloads_are_reported(tmp_path: Path, capsys)
 
 
 def test_default_download_uses_the_hub_and_wraps_its_errors(monkeypatch, tmp_path: Path) -> None:
-    huggingface_hub = pytest.importorskip("huggingface_hub")
     calls = []
 
     def fake_hub_download(repo_id, filename, **kwargs):
         calls.append((repo_id, filename, kwargs))
         return str(tmp_path / "file.parquet")
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hub_download)
+    monkeypatch.setattr(prepare_data, "hf_hub_download", fake_hub_download)
     remote = prepare_data.DATASETS["aime-2024"][0].source
     assert prepare_data.download(remote) == tmp_path / "file.parquet"
     assert calls == [
@@ -159,7 +158,7 @@ def test_default_download_uses_the_hub_and_wraps_its_errors(monkeypatch, tmp_pat
     def no_network(*args, **kwargs):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setattr(prepare_data, "hf_hub_download", no_network)
     with pytest.raises(prepare_data.DownloadError, match=r"network unreachable\. Fix: .*--from-local"):
         prepare_data.download(remote)
 

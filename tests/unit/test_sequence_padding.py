@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from dapo_megatron.distributed.config import ParallelConfig
-from dapo_megatron.models.config import ModelConfig
 from dapo_megatron.models.fp8 import Fp8Config, transformer_config_kwargs
 from dapo_megatron.models.sequence_padding import (
     job_sequence_multiple,
@@ -14,6 +13,7 @@ from dapo_megatron.models.sequence_padding import (
     padded_length,
     sequence_multiple,
 )
+from tests.model_configs import small_model_config
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,8 @@ def test_model_multiple_reads_the_transformer_config(
     from dapo_megatron.models.qwen2 import transformer_config
 
     config = transformer_config(
-        ModelConfig(), ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=sequence_parallel)
+        small_model_config(),
+        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=sequence_parallel),
     )
     if fp8:
         config.fp8, config.fp8_recipe = fp8
@@ -96,7 +97,7 @@ def test_job_multiple_is_the_one_the_built_model_pads_to(
     from dapo_megatron.models.qwen2 import transformer_config
 
     parallel = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=sequence_parallel)
-    config = transformer_config(ModelConfig(), parallel)  # FP8 set afterwards: building it needs TE
+    config = transformer_config(small_model_config(), parallel)  # FP8 set afterwards: building it needs TE
     for name, value in transformer_config_kwargs(fp8).items():
         setattr(config, name, value)
     assert job_sequence_multiple(parallel, fp8) == model_sequence_multiple(config) == expected

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from dapo_megatron.rollout.weight_sync import bucket_nbytes, flatten_bucket, named_views
+from dapo_megatron.backends.cpu_weight_loader import named_views
+from dapo_megatron.rollout.weight_sync import bucket_nbytes, flatten_bucket
 from tests.conftest import REPO, one_gloo_rank, tiny_policy
 
 
@@ -27,7 +28,8 @@ def test_a_bucket_holds_every_tensor_once_and_gives_it_back_as_a_view() -> None:
 def test_building_a_bucket_leaves_sglang_out_of_the_trainer() -> None:
     code = (
         "import sys, torch\n"
-        "from dapo_megatron.rollout.weight_sync import flatten_bucket, named_views\n"
+        "from dapo_megatron.backends.cpu_weight_loader import named_views\n"
+        "from dapo_megatron.rollout.weight_sync import flatten_bucket\n"
         "named_views(flatten_bucket([('w', torch.ones(3))]))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))\n"
     )
