@@ -31,16 +31,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
-import requests
 
 from dapo_megatron import backends
 from dapo_megatron.backends import engine_threads
 from dapo_megatron.backends.base import Backend, EngineArgs
 from dapo_megatron.rollout import engine_auth, engine_guard, sglang_models
 from dapo_megatron.rollout.config import RolloutConfig
+from dapo_megatron.rollout.engine_control import EngineControl
 from dapo_megatron.rollout.engine_env import inherited_environment
 from dapo_megatron.rollout.engine_record import (
     LOG_TAIL_LINES,
@@ -51,10 +50,6 @@ from dapo_megatron.rollout.engine_record import (
 )
 from dapo_megatron.rollout.engine_registry import LIVE_ENGINES, install_handlers_once
 
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
-"""What SGLang can release and resume separately (`sglang/srt/constants.py`)."""
-
-_CONTROL_TIMEOUT_S = 120.0  # release/resume/flush move whole model states; generous but bounded
 _TERM_GRACE_S = 2 * engine_guard.GRACE_S + 5.0  # the guard's grace for SGLang's launcher, then its SIGKILLs
 _READY_POLL_S = 0.05  # between tries while a server starts: a refused connection costs microseconds
 
@@ -79,7 +74,7 @@ def _port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-class SGLangEngine:
+class SGLangEngine(EngineControl):
     """One SGLang HTTP server started as a subprocess tree.
 
     Args:
@@ -112,15 +107,14 @@ class SGLangEngine:
         self.model_path = Path(model_path)
         self.cfg = cfg
         self.log_file = Path(log_file)
-        self.host = host
-        self.port = port if port is not None else free_port(host)
+        super().__init__(host, port if port is not None else free_port(host))
         self.backend = backend or backends.detect()
         self.base_gpu_id = base_gpu_id
         self.index = index
         self.extra_args = list(extra_args)
         self.backend.check_engine(self.args, cfg.kv_shortfall())
-        # A launched CPU engine's intra-op thread count, which it follows while it runs
-        # (backends/engine_threads.py).
+        # The intra-op thread count a launched engine follows while it runs, where the backend has it
+        # follow one (`Backend.engine_follows_thread_count`, backends/engine_threads.py).
         self.threads_file: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._tree: list[psutil.Process] = []  # leader and descendants, snapshot when healthy
@@ -130,14 +124,8 @@ class SGLangEngine:
         self.tmpdir: Path | None = None
         """The server's TMPDIR while it runs."""
         self._launched_at = 0.0  # time.time() at launch
-        self._session = requests.Session()
-        self._session.auth = engine_auth.ENGINE_AUTH
 
     # ------------------------------------------------------------------ launch
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -275,19 +263,9 @@ class SGLangEngine:
                 raise self._error(
                     f"the SGLang engine did not become healthy within {self.cfg.startup_timeout_s:g} s"
                 )
-            if self._generates(timeout=min(remaining, 30.0)):
+            if self.generates(timeout=min(remaining, 30.0)):
                 return
             time.sleep(min(_READY_POLL_S, max(remaining, 0.0)))
-
-    def _generates(self, timeout: float) -> bool:
-        # A one-token greedy generation: 200 means the scheduler really works. Not /health_generate, which
-        # does the same but sleeps a whole second before it looks for the answer. The server listens only
-        # once its scheduler is up, so until then each try is a refused connection and costs nothing.
-        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-        try:
-            return self._session.post(f"{self.url}/generate", json=body, timeout=timeout).status_code == 200
-        except requests.RequestException:
-            return False
 
     def _snapshot_tree(self) -> list[psutil.Process]:
         try:
@@ -346,52 +324,6 @@ class SGLangEngine:
     def _error(self, what: str) -> EngineError:
         return EngineError(f"{what}; {self.url}, log {self.log_file}, last lines:\n{self.log_tail()}")
 
-    # ------------------------------------------------------------------ control requests
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        timeout: float = _CONTROL_TIMEOUT_S,
-    ) -> requests.Response:
-        try:
-            response = self._session.request(method, f"{self.url}{path}", json=body, timeout=timeout)
-        except requests.RequestException as err:
-            self.check_alive()
-            raise EngineError(f"{method} {path} on the SGLang engine at {self.url} failed: {err}") from err
-        if response.status_code != 200:
-            raise EngineError(
-                f"{method} {path} on the SGLang engine at {self.url} returned "
-                f"HTTP {response.status_code}: {response.text[:2000]}"
-            )
-        return response
-
-    def server_info(self) -> dict[str, Any]:
-        """SGLang's resolved server arguments plus live scheduler state."""
-        return self._request("GET", "/server_info").json()
-
-    def release_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Free the given parts of the engine's GPU memory (all of them by default) while megatron trains.
-
-        Needs `--enable-memory-saver` (set on CUDA); on CPU SGLang accepts the call and keeps its memory."""
-        self._request("POST", "/release_memory_occupation", {"tags": _checked_tags(tags)})
-
-    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Re-occupy released memory. Resume in stages to keep the peak low: `["weights"]`, then push the
-        new weights, then `["kv_cache"]` (and `["cuda_graph"]`) once the trainer's buffers are freed."""
-        self._request("POST", "/resume_memory_occupation", {"tags": _checked_tags(tags)})
-
-    def flush_cache(self, wait_s: float = 0.0) -> None:
-        """Drop the prefix (radix) cache. SGLang refuses while requests are running; with `wait_s` > 0
-        it waits up to that long for them to finish first."""
-        self._request("POST", f"/flush_cache?timeout={wait_s:g}", timeout=_CONTROL_TIMEOUT_S + wait_s)
-
-    def update_weight_version(self, version: str) -> None:
-        """Label the served weights; every later sample carries it in `weight_version`."""
-        self._request("POST", "/update_weight_version", {"new_version": version, "abort_all_requests": False})
-
     # ------------------------------------------------------------------ shutdown
 
     def shutdown(self) -> None:
@@ -433,7 +365,7 @@ class SGLangEngine:
         if self.tmpdir is not None:  # the guard's job, unless it was killed
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
-        self._session.close()
+        self.close()
 
     def __enter__(self) -> SGLangEngine:
         return self.start()
@@ -451,12 +383,3 @@ def _wait_until_exited(processes: Sequence[psutil.Process], *, timeout: float) -
     deadline = time.monotonic() + timeout
     while any(process_running(process) for process in processes) and time.monotonic() < deadline:
         time.sleep(0.02)
-
-
-def _checked_tags(tags: Sequence[str] | None) -> list[str] | None:
-    if tags is None:
-        return None
-    unknown = set(tags) - set(MEMORY_TAGS)
-    if unknown:
-        raise ValueError(f"unknown memory tags {sorted(unknown)}; choose from {MEMORY_TAGS}")
-    return list(tags)

@@ -88,6 +88,7 @@ TORCH_FREE = (
     "dapo_megatron.backends.engine_threads",
     "dapo_megatron.rollout.engine",
     "dapo_megatron.rollout.engine_auth",
+    "dapo_megatron.rollout.engine_control",
     "dapo_megatron.rollout.engine_env",
     "dapo_megatron.rollout.engine_guard",
     "dapo_megatron.rollout.engine_record",
