@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Nothing here imports torch (tests/unit/test_engine_first.py): a CPU trainer launches its engine first.
+# Nothing here imports torch (tests/unit/test_torch_free.py): a CPU trainer launches its engine first.
 from dapo_megatron import backends, preflight
 from dapo_megatron import config as job_config
 from dapo_megatron.cli import (
